@@ -1,0 +1,34 @@
+# forge: the two commands a user needs are `make grpo` (the embedded CPU demo) and `make test`.
+PY := .venv/bin/python
+CONFIG ?= configs/grpo/tiny_cpu.yaml
+
+.PHONY: install grpo sft test test-fast lint format bench clean
+
+install:
+	@bash scripts/install.sh
+
+grpo: install
+	$(PY) -m apps.grpo.main --config $(CONFIG) $(ARGS)
+
+sft: install
+	$(PY) -m apps.sft.main --config configs/sft/tiny_cpu.yaml $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+lint: install
+	$(PY) -m ruff check src apps tests bench
+	$(PY) -m ruff format --check src apps tests bench
+
+format: install
+	$(PY) -m ruff check --fix src apps tests bench
+	$(PY) -m ruff format src apps tests bench
+
+bench: install
+	$(PY) bench/store_bench.py
+
+clean:
+	rm -rf .venv .pytest_cache .ruff_cache runs

@@ -1,0 +1,158 @@
+"""Creates and stops proc meshes: GPUs per mesh, torch.distributed environment, shutdown order.
+
+One provisioner per program (`init_provisioner`). Every mesh it creates gets, in each of
+its processes, MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK (so an engine inside can
+`init_process_group` without knowing about Monarch) and, when GPUs were asked for,
+CUDA_VISIBLE_DEVICES restricted to the GPUs given to that mesh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+
+from monarch.actor import ProcMesh, current_rank, this_host
+
+from forge.config import ForgeConfigModel
+from forge.controller import supervision
+from forge.observability.logger import FETCHER_MESH_NAME, register_mesh, unregister_mesh
+
+logger = logging.getLogger(__name__)
+
+
+class ProvisionerConfig(ForgeConfigModel):
+    """How meshes are placed. Multi-host placement goes through Monarch's `attach_to_workers`."""
+
+    # Addresses of hosts running `monarch.actor.run_worker_loop_forever` (multi-host runs).
+    workers: list[str] = []
+    # Seconds to wait for a mesh to stop before giving up on it at shutdown.
+    stop_timeout_s: float = 30.0
+
+
+@dataclass
+class _MeshRecord:
+    mesh: ProcMesh
+    name: str
+    gpus: list[str] = field(default_factory=list)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs this program may use: the user's CUDA_VISIBLE_DEVICES if set, else all."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g for g in env.split(",") if g.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # a torch without CUDA support
+        return []
+
+
+def _set_process_env(world_size: int, master_port: int, gpus: list[str]) -> None:
+    """Runs first in every process of a new mesh (Monarch's bootstrap hook)."""
+    rank = current_rank().rank
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(master_port),
+        WORLD_SIZE=str(world_size),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    # Set before anything touches CUDA, so each mesh sees only its own GPUs.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+
+
+class Provisioner:
+    def __init__(self, cfg: ProvisionerConfig | None = None):
+        self.cfg = cfg or ProvisionerConfig()
+        self._free_gpus = _visible_gpus()
+        self._meshes: list[_MeshRecord] = []
+        self._lock = asyncio.Lock()
+        supervision.add_companion_mesh(FETCHER_MESH_NAME)
+
+    @property
+    def free_gpus(self) -> list[str]:
+        return list(self._free_gpus)
+
+    async def get_proc_mesh(
+        self, procs: int = 1, hosts: int | None = None, with_gpus: bool = False, name: str = "mesh"
+    ) -> ProcMesh:
+        if hosts not in (None, 1):
+            raise NotImplementedError(
+                f"mesh '{name}' asks for hosts={hosts}: multi-host meshes need provisioner.workers "
+                "(hosts running monarch's run_worker_loop_forever) and are not supported by this "
+                "provisioner yet; use hosts=1"
+            )
+        async with self._lock:
+            gpus = self._take_gpus(procs, name) if with_gpus else []
+            bootstrap = functools.partial(_set_process_env, procs, _free_port(), gpus)
+            mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=name)
+            self._meshes.append(_MeshRecord(mesh, name, gpus))
+        await mesh.initialized
+        await register_mesh(name, mesh)
+        logger.info("started mesh %s: %d procs, gpus=%s", name, procs, gpus or "none")
+        return mesh
+
+    def _take_gpus(self, procs: int, name: str) -> list[str]:
+        if not self._free_gpus:
+            if not _visible_gpus():
+                logger.warning("mesh %s asked for GPUs but this machine has none: running on CPU", name)
+                return []
+            raise RuntimeError(f"mesh '{name}' needs {procs} GPU(s) but all GPUs are taken")
+        if len(self._free_gpus) < procs:
+            raise RuntimeError(
+                f"mesh '{name}' needs {procs} GPU(s) but only {len(self._free_gpus)} are free "
+                f"({','.join(self._free_gpus)}): lower its procs or free GPUs"
+            )
+        gpus, self._free_gpus = self._free_gpus[:procs], self._free_gpus[procs:]
+        return gpus
+
+    async def stop_proc_mesh(self, mesh: ProcMesh) -> None:
+        record = next((r for r in self._meshes if r.mesh is mesh), None)
+        if record is None:
+            return
+        self._meshes.remove(record)
+        self._free_gpus.extend(record.gpus)
+        await unregister_mesh(record.name)
+        try:
+            await asyncio.wait_for(mesh.stop(), self.cfg.stop_timeout_s)
+        except Exception as e:  # a mesh whose process already died cannot stop cleanly
+            logger.warning("mesh %s did not stop cleanly: %s", record.name, e)
+
+    async def shutdown(self) -> None:
+        """Stops every mesh, newest first (later meshes may depend on earlier ones)."""
+        for record in reversed(list(self._meshes)):
+            await self.stop_proc_mesh(record.mesh)
+
+
+_provisioner: Provisioner | None = None
+
+
+async def init_provisioner(cfg: ProvisionerConfig | None = None) -> Provisioner:
+    global _provisioner
+    if _provisioner is None:
+        _provisioner = Provisioner(cfg)
+    return _provisioner
+
+
+async def get_provisioner() -> Provisioner:
+    return await init_provisioner()
+
+
+async def shutdown() -> None:
+    global _provisioner
+    if _provisioner is not None:
+        await _provisioner.shutdown()
+        _provisioner = None

@@ -1,0 +1,259 @@
+"""Services: k replicas of one actor class, each on its own proc mesh, behind one handle.
+
+    svc = await Policy.options(num_replicas=2).as_service(model_path)
+    out = await svc.generate.route(prompt)        # one replica (round robin or least loaded)
+    outs = await svc.update_weights.fanout(v)     # every healthy replica
+    async with svc.session():                     # calls in here stick to one replica
+        ...
+
+When a replica's process dies, Monarch's supervision tells the service (see
+`supervision.py`); the replica is marked unhealthy at once, a request in flight on it is
+retried once on a healthy replica, and the health loop replaces it with a fresh mesh
+(`setup` runs again). An exception raised by the endpoint itself is the caller's, not a
+replica failure: it propagates and is not retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+
+from forge.controller import supervision
+from forge.controller.provisioner import get_provisioner
+from forge.observability import Reduce, record_metric
+
+logger = logging.getLogger(__name__)
+
+ROUTINGS = ("round_robin", "least_loaded")
+
+
+class ReplicaFailedError(RuntimeError):
+    """The replica serving a request died (its process failed)."""
+
+
+class NoHealthyReplicaError(RuntimeError):
+    pass
+
+
+@dataclass(eq=False)
+class Replica:
+    index: int
+    name: str
+    mesh: Any
+    actor: Any
+    healthy: bool = True
+    inflight: int = 0
+    served: int = 0
+    failures: int = 0
+    failed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def mark_failed(self, reason: str) -> None:
+        # Both supervision and the failed call report the same death: count it once.
+        if not self.healthy:
+            return
+        logger.warning("replica %s failed: %s", self.name, reason.splitlines()[0] if reason else "")
+        self.healthy = False
+        self.failures += 1
+        self.failed.set()
+
+
+# Service id -> replica index that calls inside `session()` stick to.
+_sticky: contextvars.ContextVar[dict[int, int] | None] = contextvars.ContextVar("forge_sticky", default=None)
+
+
+class ServiceEndpoint:
+    def __init__(self, service: Service, name: str):
+        self._service = service
+        self._name = name
+
+    async def route(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._service._route(self._name, args, kwargs)
+
+    async def fanout(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return await self._service._fanout(self._name, args, kwargs)
+
+
+class Service:
+    def __init__(
+        self,
+        actor_cls,
+        args: tuple,
+        kwargs: dict,
+        num_replicas: int,
+        routing: str = "round_robin",
+        health_interval_s: float = 0.2,
+    ):
+        if routing not in ROUTINGS:
+            raise ValueError(f"unknown routing '{routing}'; choose one of {ROUTINGS}")
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        self._cls = actor_cls
+        self._args, self._kwargs = args, kwargs
+        self._num_replicas = num_replicas
+        self._routing = routing
+        self._health_interval_s = health_interval_s
+        self._name = actor_cls._actor_class().__name__
+        self._rr = itertools.count()
+        self.replicas: list[Replica] = []
+        self._health_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.replacements = 0
+
+    def __getattr__(self, name: str) -> ServiceEndpoint:
+        if name.startswith("_") or not hasattr(self._cls, name):
+            raise AttributeError(f"{self._name} has no endpoint '{name}'")
+        return ServiceEndpoint(self, name)
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.replicas = list(
+            await asyncio.gather(*(self._start_replica(i) for i in range(self._num_replicas)))
+        )
+        self._health_task = asyncio.create_task(self._health_loop(), name=f"{self._name}-health")
+
+    async def _start_replica(self, index: int) -> Replica:
+        name = self._cls._unique_name()
+        holder: list[Replica] = []
+
+        def on_failure(report: str) -> None:  # called from a Monarch thread
+            if holder and self._loop is not None:
+                self._loop.call_soon_threadsafe(holder[0].mark_failed, report)
+
+        supervision.register(name, on_failure)
+        mesh, actor = await self._cls.launch(name, *self._args, **self._kwargs)
+        holder.append(Replica(index, name, mesh, actor))
+        return holder[0]
+
+    async def _health_loop(self) -> None:
+        while True:
+            for replica in list(self.replicas):
+                if not replica.healthy:
+                    await self._replace(replica)
+            await asyncio.sleep(self._health_interval_s)
+
+    async def _replace(self, old: Replica) -> None:
+        logger.warning("replacing replica %s of %s", old.name, self._name)
+        supervision.unregister(old.name)
+        provisioner = await get_provisioner()
+        await provisioner.stop_proc_mesh(old.mesh)
+        try:
+            new = await self._start_replica(old.index)
+        except Exception:
+            logger.exception("could not start a replacement for %s; will try again", old.name)
+            return
+        new.failures = old.failures
+        self.replicas[self.replicas.index(old)] = new
+        self.replacements += 1
+
+    async def stop(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        provisioner = await get_provisioner()
+        for replica in self.replicas:
+            supervision.unregister(replica.name)
+            await provisioner.stop_proc_mesh(replica.mesh)
+        self.replicas = []
+
+    # ---- routing ---------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def session(self):
+        """Calls routed inside this block go to one replica (a new one if it dies)."""
+        sticky = dict(_sticky.get() or {})
+        sticky.pop(id(self), None)
+        token = _sticky.set(sticky)
+        try:
+            yield
+        finally:
+            _sticky.reset(token)
+
+    def _healthy(self) -> list[Replica]:
+        healthy = [r for r in self.replicas if r.healthy]
+        if not healthy:
+            raise NoHealthyReplicaError(f"{self._name}: no healthy replica (all {len(self.replicas)} failed)")
+        return healthy
+
+    def _choose(self) -> Replica:
+        sticky = _sticky.get()
+        if sticky is not None:
+            chosen = next((r for r in self.replicas if r.index == sticky.get(id(self)) and r.healthy), None)
+            if chosen is not None:
+                return chosen
+        healthy = self._healthy()
+        if self._routing == "least_loaded":
+            chosen = min(healthy, key=lambda r: r.inflight)
+        else:
+            chosen = healthy[next(self._rr) % len(healthy)]
+        if sticky is not None:
+            sticky[id(self)] = chosen.index
+        return chosen
+
+    async def _route(self, endpoint_name: str, args: tuple, kwargs: dict) -> Any:
+        replica = self._choose()
+        try:
+            return await self._call(replica, endpoint_name, args, kwargs)
+        except ReplicaFailedError:
+            # Retried once, elsewhere: the failed replica is no longer healthy.
+            return await self._call(self._choose(), endpoint_name, args, kwargs)
+
+    async def _fanout(self, endpoint_name: str, args: tuple, kwargs: dict) -> list[Any]:
+        return list(
+            await asyncio.gather(*(self._call(r, endpoint_name, args, kwargs) for r in self._healthy()))
+        )
+
+    async def _call(self, replica: Replica, endpoint_name: str, args: tuple, kwargs: dict) -> Any:
+        endpoint = getattr(replica.actor, endpoint_name)
+        # A multi-process replica runs the call on every rank; rank 0 answers for it.
+        call = endpoint.call_one(*args, **kwargs) if self._cls.procs == 1 else endpoint.call(*args, **kwargs)
+        key = f"service/{self._name}/replica{replica.index}"
+        replica.inflight += 1
+        record_metric(f"{key}/queue_depth", replica.inflight, Reduce.MAX)
+        started = time.perf_counter()
+        call_task = asyncio.ensure_future(call)
+        failed_task = asyncio.ensure_future(replica.failed.wait())
+        try:
+            await asyncio.wait({call_task, failed_task}, return_when=asyncio.FIRST_COMPLETED)
+            if not call_task.done():
+                call_task.cancel()
+                raise ReplicaFailedError(f"replica {replica.name} died during {endpoint_name}()")
+            try:
+                result = call_task.result()
+            except SupervisionError as e:
+                replica.mark_failed(str(e))
+                raise ReplicaFailedError(f"replica {replica.name} died during {endpoint_name}()") from e
+        except ReplicaFailedError:
+            record_metric(f"{key}/failures", 1, Reduce.SUM)
+            raise
+        finally:
+            failed_task.cancel()
+            replica.inflight -= 1
+        replica.served += 1
+        record_metric(f"{key}/latency_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+        if self._cls.procs != 1:
+            result = next(iter(result.values()))
+        return result
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "replica": r.index,
+                "name": r.name,
+                "healthy": r.healthy,
+                "inflight": r.inflight,
+                "served": r.served,
+                "failures": r.failures,
+            }
+            for r in self.replicas
+        ]

@@ -1,0 +1,73 @@
+"""Routes Monarch supervision failures to whoever can handle them.
+
+When a process of a child mesh dies, Monarch reports a `MeshFailure` for each actor
+mesh on it to the root client, whose default reaction is to exit the whole program.
+That is right for a lone actor (the app cannot go on without its trainer), but a service
+replica can be replaced, so services register the names of their replicas' actor meshes
+here and get told instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable
+
+import monarch.actor
+
+logger = logging.getLogger(__name__)
+
+# Helper meshes that live on every proc beside the user's actor (Monarch's own "logger" and
+# "setup", the latter running the provisioner's bootstrap; forge's metric fetcher). Their failure always comes together with the failure of the
+# user actor on the same proc, which is the one that gets handled.
+_companion_meshes = {"logger", "setup"}
+
+_handlers: dict[str, Callable[[str], None]] = {}
+_lock = threading.Lock()
+_installed = False
+
+
+def _base_name(mesh_name: str) -> str:
+    # Monarch reports an actor mesh as "<name, lower-cased>-<random suffix>".
+    return mesh_name.rsplit("-", 1)[0].lower()
+
+
+def register(actor_name: str, on_failure: Callable[[str], None]) -> None:
+    """Calls `on_failure(report)` (from a Monarch thread) when the mesh `actor_name` fails."""
+    install_fault_hook()
+    with _lock:
+        _handlers[actor_name.lower()] = on_failure
+
+
+def add_companion_mesh(actor_name: str) -> None:
+    """Declares `actor_name` a helper mesh spawned beside every actor (see above)."""
+    _companion_meshes.add(actor_name.lower())
+
+
+def unregister(actor_name: str) -> None:
+    with _lock:
+        _handlers.pop(actor_name.lower(), None)
+
+
+def _fault_hook(failure) -> None:
+    name = _base_name(failure.mesh_name)
+    with _lock:
+        handler = _handlers.get(name)
+    if handler is not None:
+        logger.warning("replica mesh %s failed; its service will replace it", name)
+        handler(failure.report())
+        return
+    if name in _companion_meshes:
+        logger.debug("ignoring failure of companion mesh %s", failure.mesh_name)
+        return
+    # An actor nobody can replace: keep Monarch's default, which stops the program.
+    logger.error("actor mesh %s failed and nothing can replace it: stopping", failure.mesh_name)
+    sys.exit(1)
+
+
+def install_fault_hook() -> None:
+    global _installed
+    if not _installed:
+        monarch.actor.unhandled_fault_hook = _fault_hook
+        _installed = True

@@ -1,0 +1,71 @@
+"""Where reduced metrics go. Each backend gets `log(step, metrics)` once per flush."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+class MetricBackend(ABC):
+    @abstractmethod
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
+        pass
+
+
+def _format_value(v: float) -> str:
+    if v == int(v) and abs(v) < 1e9:
+        return str(int(v))
+    return f"{v:.4g}"
+
+
+class ConsoleBackend(MetricBackend):
+    """One compact line per step on the `forge.metrics` logger: `step 3 | a/b=1 c/d=0.5`."""
+
+    def __init__(self, keys: list[str] | None = None):
+        self.keys = keys
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        shown = {k: metrics[k] for k in (self.keys or sorted(metrics)) if k in metrics}
+        line = " ".join(f"{k}={_format_value(v)}" for k, v in shown.items())
+        logging.getLogger("forge.metrics").info("step %d | %s", step, line)
+
+
+class JsonlBackend(MetricBackend):
+    """Appends one JSON object per step: {"step": s, "time": t, "<key>": value, ...}."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._file.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardBackend(MetricBackend):
+    def __init__(self, log_dir: str | os.PathLike):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise ImportError("the tensorboard backend needs `pip install forge[tensorboard]`") from e
+        self._writer = SummaryWriter(str(log_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()

@@ -1,0 +1,146 @@
+"""ForgeActor as an actor and as a 2-replica service, with a replica killed mid-request."""
+
+import asyncio
+import os
+import signal
+
+import pytest
+from monarch.actor import ActorError, endpoint
+
+from forge.controller import ForgeActor, NoHealthyReplicaError, get_provisioner, shutdown
+
+
+class Counter(ForgeActor):
+    def __init__(self, start: int):
+        self.value = start
+        self.ready = False
+
+    @endpoint
+    async def setup(self):
+        self.ready = True
+
+    @endpoint
+    async def add(self, n: int) -> int:
+        assert self.ready, "setup() must run before any other endpoint"
+        self.value += n
+        return self.value
+
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    async def env(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    @endpoint
+    async def slow_pid(self, seconds: float) -> int:
+        await asyncio.sleep(seconds)
+        return os.getpid()
+
+    @endpoint
+    async def fail(self) -> None:
+        raise ValueError("bad request")
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _wait_until(predicate, timeout: float, what: str):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def test_actor_options_setup_env_and_shutdown():
+    async def main():
+        configured = Counter.options(procs=1, mesh_name="counter")
+        assert issubclass(configured, Counter) and configured.procs == 1
+        actor = await configured.as_actor(10)
+        assert await actor.add.call_one(5) == 15
+        assert await actor.add.call_one(1) == 16
+        # The provisioner gives every process a torch.distributed environment.
+        assert await actor.env.call_one("WORLD_SIZE") == "1"
+        assert await actor.env.call_one("RANK") == "0"
+        assert await actor.env.call_one("MASTER_PORT") is not None
+        pid = await actor.pid.call_one()
+        await Counter.shutdown(actor)
+        await _wait_until(lambda: not _alive(pid), 10, "the actor's process to exit")
+        with pytest.raises(ValueError, match="not created by as_actor"):
+            await Counter.shutdown(actor)
+        await shutdown()
+
+    run(main())
+
+
+def test_options_rejects_unknown_option():
+    with pytest.raises(TypeError, match="unknown option"):
+        Counter.options(replicas=2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has exited; it is only waiting to be reaped.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_service_routing_and_replica_replacement():
+    async def main():
+        svc = await Counter.options(num_replicas=2).as_service(0)
+        pids = await svc.pid.fanout()
+        assert len(set(pids)) == 2
+        pid_of = {r.name: pid for r, pid in zip(svc.replicas, pids, strict=True)}
+
+        # Round robin alternates between the two replicas.
+        routed = [await svc.pid.route() for _ in range(4)]
+        assert set(routed) == set(pids)
+        assert routed[0] != routed[1]
+
+        # A session sticks to one replica: its state accumulates on that replica only.
+        async with svc.session():
+            values = [await svc.add.route(1) for _ in range(3)]
+            session_pids = {await svc.pid.route() for _ in range(3)}
+        assert values == [1, 2, 3]
+        assert len(session_pids) == 1
+
+        # An exception raised by the endpoint is the caller's: it propagates, no replica is lost.
+        with pytest.raises(ActorError, match="bad request"):
+            await svc.fail.route()
+        assert all(r.healthy for r in svc.replicas)
+
+        # Kill the process of the replica that the next request lands on, while it is in flight.
+        in_flight = asyncio.ensure_future(svc.slow_pid.route(3.0))
+        await _wait_until(lambda: any(r.inflight for r in svc.replicas), 5, "the request to start")
+        victim = next(r for r in svc.replicas if r.inflight)
+        victim_pid = pid_of[victim.name]
+        os.kill(victim_pid, signal.SIGKILL)
+
+        # The request is retried once on the healthy replica and succeeds there.
+        survivor_pid = await asyncio.wait_for(in_flight, 30)
+        assert survivor_pid != victim_pid and survivor_pid in pids
+
+        # The health loop replaces the dead replica with a fresh process that ran setup().
+        await _wait_until(
+            lambda: svc.replacements == 1 and all(r.healthy for r in svc.replicas),
+            60,
+            "the replica to be replaced",
+        )
+        new_pids = await svc.pid.fanout()
+        assert len(set(new_pids)) == 2 and victim_pid not in new_pids
+        assert sorted(await svc.add.fanout(5))[0] == 5  # the replacement started from scratch
+        assert sum(r.failures for r in svc.replicas) == 1
+
+        await Counter.shutdown(svc)
+        with pytest.raises(NoHealthyReplicaError):
+            await svc.pid.route()
+        await (await get_provisioner()).shutdown()
+        await shutdown()
+
+    run(main())

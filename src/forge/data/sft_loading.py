@@ -1,0 +1,69 @@
+"""Load an SFT dataset split and check that it has the columns its format needs."""
+
+import logging
+from pathlib import Path
+from typing import Literal
+
+import datasets
+
+logger = logging.getLogger(__name__)
+
+SFTFormat = Literal["prompt_completion", "messages"]
+
+# Local files are read by the `datasets` builder that matches their extension.
+BUILDER_BY_EXTENSION = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def load_split(path: str, split: str) -> datasets.Dataset:
+    """Load one split of a local JSON / JSONL / Parquet file, or of anything else that
+    ``datasets.load_dataset`` understands (a local dataset folder, a hub id).
+
+    A local file has a single split named ``train``; ``split`` may still slice it, e.g.
+    ``"train[:1000]"`` or ``"train[90%:]"``.
+    """
+    local = Path(path)
+    if local.is_file():
+        builder = BUILDER_BY_EXTENSION.get(local.suffix.lower())
+        if builder is None:
+            raise ValueError(
+                f"{path}: unsupported file extension {local.suffix!r}; "
+                f"expected one of {', '.join(sorted(BUILDER_BY_EXTENSION))}"
+            )
+        dataset = datasets.load_dataset(builder, data_files=str(local), split=split)
+    else:
+        dataset = datasets.load_dataset(path, split=split)
+    logger.info("loaded %s split %r: %d rows, columns %s", path, split, len(dataset), dataset.column_names)
+    return dataset
+
+
+def resolve_format(
+    columns: list[str],
+    source: str,
+    requested: Literal["auto", "prompt_completion", "messages"],
+    prompt_column: str,
+    completion_column: str,
+    messages_column: str,
+) -> SFTFormat:
+    """The dataset's format ("auto" picks it from the columns); raises if a column it
+    needs is missing, naming the file, the column and the columns the file has."""
+    if requested == "auto":
+        if messages_column in columns:
+            return "messages"
+        if prompt_column in columns and completion_column in columns:
+            return "prompt_completion"
+        raise ValueError(
+            f"{source}: cannot tell the SFT format: expected a {messages_column!r} column (chat) or "
+            f"{prompt_column!r} and {completion_column!r} columns; the file has columns {columns}. "
+            "Set the format and column names in the SFT data config."
+        )
+    needed = {
+        "messages": {"messages_column": messages_column},
+        "prompt_completion": {"prompt_column": prompt_column, "completion_column": completion_column},
+    }[requested]
+    for key, column in needed.items():
+        if column not in columns:
+            raise ValueError(
+                f"{source}: missing column {column!r} needed by format {requested!r}; the file has "
+                f"columns {columns}. Set {key} in the SFT data config to the right column."
+            )
+    return requested

@@ -1,0 +1,136 @@
+"""Reward functions: plain callables ``fn(prompt, response, target) -> float``.
+
+Register new ones in ``REWARD_FUNCTIONS``; configs name them by their key there.
+
+| name          | values                                                                       |
+|---------------|------------------------------------------------------------------------------|
+| `exact_match` | 1.0 when the stripped response, or the content of its last `<answer>` tag, equals the stripped target; else 0.0 |
+| `math_answer` | 1.0 when the answer in the last `\\boxed{...}` or `<answer>...</answer>` equals the target numerically (integers exactly, others to a relative 1e-4) or, when not numeric, as text without whitespace; 0.0 otherwise, including when there is no tagged answer |
+| `format`      | 1.0 for `<think>...</think><answer>...</answer>`, 0.5 for `<answer>...</answer>` alone, 0.25 for one answer block with other text around it, 0.0 otherwise |
+| `toy_task`    | 1.0 for the right number (bare or in `<answer>` tags), 0.1 for a wrong but well-formed integer, 0.0 otherwise |
+"""
+
+import math
+import re
+from collections.abc import Callable
+from fractions import Fraction
+
+RewardFn = Callable[[str, str, str], float]
+
+FORMAT_THINK_ANSWER = 1.0
+FORMAT_ANSWER_ONLY = 0.5
+FORMAT_ANSWER_WITH_EXTRA_TEXT = 0.25
+
+TOY_CORRECT = 1.0
+TOY_WELL_FORMED = 0.1
+
+# Relative tolerance when either side is not an integer (0.3333 counts as 1/3).
+MATH_REL_TOL = 1e-4
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# Block contents may not contain another think/answer tag: one block of each, in order.
+_NO_TAG = r"(?:(?!</?think>|</?answer>).)"
+_THINK_ANSWER_RE = re.compile(rf"\s*<think>{_NO_TAG}*</think>\s*<answer>({_NO_TAG}*)</answer>\s*", re.DOTALL)
+_ANSWER_ONLY_RE = re.compile(rf"\s*<answer>({_NO_TAG}*)</answer>\s*", re.DOTALL)
+_INTEGER_RE = re.compile(r"-?\d+")
+_THOUSANDS_RE = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
+_LATEX_FRAC_RE = re.compile(r"(-?)\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}")
+
+
+def extract_tagged_answer(response: str) -> str | None:
+    """The stripped content of the last ``<answer>...</answer>`` block, or None."""
+    matches = _ANSWER_RE.findall(response)
+    return matches[-1].strip() if matches else None
+
+
+def extract_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}``, braces balanced, or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth = 0
+    content_start = start + len("\\boxed{")
+    for i in range(content_start - 1, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[content_start:i].strip()
+    return None
+
+
+def parse_number(text: str) -> Fraction | None:
+    """Parses integers, decimals, thousands separators (``1,234.5``), ``a/b`` and
+    ``\\frac{a}{b}``, with optional ``$`` delimiters; None when not a number."""
+    text = text.strip().strip("$").replace("\\!", "").replace("\\,", "").replace(" ", "").rstrip(".")
+    if _THOUSANDS_RE.fullmatch(text):
+        text = text.replace(",", "")
+    latex = _LATEX_FRAC_RE.fullmatch(text)
+    if latex:
+        sign, numerator, denominator = latex.groups()
+        text = f"{sign}{numerator}/{denominator}"
+    try:
+        if text.count("/") == 1:
+            numerator, denominator = text.split("/")
+            return Fraction(numerator) / Fraction(denominator)
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def exact_match(prompt: str, response: str, target: str) -> float:
+    target = target.strip()
+    return 1.0 if target in (response.strip(), extract_tagged_answer(response)) else 0.0
+
+
+def math_answer(prompt: str, response: str, target: str) -> float:
+    answer = extract_tagged_answer(response)
+    boxed = extract_boxed(answer if answer is not None else response)
+    if boxed is not None:
+        answer = boxed
+    if answer is None:
+        return 0.0
+    answer_value, target_value = parse_number(answer), parse_number(target)
+    if answer_value is None or target_value is None:
+        return 1.0 if "".join(answer.split()) == "".join(target.split()) else 0.0
+    if answer_value.denominator == 1 and target_value.denominator == 1:
+        return 1.0 if answer_value == target_value else 0.0
+    return 1.0 if math.isclose(answer_value, target_value, rel_tol=MATH_REL_TOL) else 0.0
+
+
+def format_reward(prompt: str, response: str, target: str) -> float:
+    for pattern, reward in ((_THINK_ANSWER_RE, FORMAT_THINK_ANSWER), (_ANSWER_ONLY_RE, FORMAT_ANSWER_ONLY)):
+        match = pattern.fullmatch(response)
+        if match and match.group(1).strip():
+            return reward
+    single_block = response.count("<answer>") == 1 and response.count("</answer>") == 1
+    answer = extract_tagged_answer(response)
+    return FORMAT_ANSWER_WITH_EXTRA_TEXT if single_block and answer else 0.0
+
+
+def toy_task_reward(prompt: str, response: str, target: str) -> float:
+    answer = extract_tagged_answer(response)
+    if answer is None:
+        answer = response.strip()
+    if answer == target.strip():
+        return TOY_CORRECT
+    return TOY_WELL_FORMED if _INTEGER_RE.fullmatch(answer) else 0.0
+
+
+REWARD_FUNCTIONS: dict[str, RewardFn] = {
+    "exact_match": exact_match,
+    "math_answer": math_answer,
+    "format": format_reward,
+    "toy_task": toy_task_reward,
+}
+
+
+def get_reward_fn(name: str) -> RewardFn:
+    try:
+        return REWARD_FUNCTIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown reward function {name!r}; known: {sorted(REWARD_FUNCTIONS)} "
+            "(add new ones to forge.data.rewards.REWARD_FUNCTIONS)"
+        ) from None

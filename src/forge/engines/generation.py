@@ -1,0 +1,71 @@
+"""The interface every generation engine implements (native transformers on CPU, vLLM on GPU).
+
+Kept free of transformers and vLLM so that actors and tests can depend on it cheaply.
+
+Logprob semantics (shared by all engines): a reported logprob is the log-probability of the
+sampled token under the distribution it was actually sampled from, i.e.
+``log_softmax(filtered(logits / temperature))`` where ``filtered`` applies top-k and then
+top-p by setting the removed logits to ``-inf``. With ``top_k=0`` and ``top_p=1`` (the
+setting for RL training) this is exactly ``log_softmax(logits / temperature)``, which is
+what the trainer recomputes, so the importance ratio is 1 for on-policy data. With
+filtering on, the reported values are renormalized over the kept tokens and no longer
+match the trainer's unfiltered recomputation. ``temperature=0`` means greedy decoding;
+its logprobs are those of the unscaled distribution, ``log_softmax(logits)``.
+"""
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from forge.data.types import StopReason
+
+
+class SamplingParams(BaseModel):
+    """How to sample. Field names and meanings follow vLLM's ``SamplingParams``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(default=1, ge=1, description="samples per prompt")
+    temperature: float = Field(default=1.0, ge=0.0, description="0 means greedy")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="1 disables nucleus filtering")
+    top_k: int = Field(default=0, ge=0, description="0 disables top-k filtering")
+    max_tokens: int = Field(default=64, ge=1, description="most tokens generated per sample")
+    stop_token_ids: list[int] = Field(
+        default_factory=list, description="tokens that end a sample, in addition to the model's eos"
+    )
+    seed: int | None = Field(default=None, description="same seed and inputs give the same samples")
+
+
+@dataclass
+class GeneratedSequence:
+    """One sample. ``token_ids`` include the stop token when ``stop_reason == "stop"``, so
+    that training sees (and learns) the decision to stop; ``logprobs`` has one entry per
+    token, with the semantics described in this module's docstring."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    stop_reason: StopReason
+
+
+class GenerationEngine(ABC):
+    """Samples completions and receives new weights in Hugging Face parameter names."""
+
+    @abstractmethod
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[GeneratedSequence]]:
+        """Returns ``params.n`` samples for each prompt, in prompt order."""
+
+    @abstractmethod
+    def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
+        """Newly allocated, uninitialized tensors with the HF names, shapes, dtypes and device
+        that ``load_hf_state_dict`` expects. Weight sync allocates them once, receives every
+        version into them, then calls ``load_hf_state_dict``."""
+
+    @abstractmethod
+    def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copies the weights into the engine's parameters in place. Raises ``ValueError``
+        naming missing/unexpected keys and shape mismatches, before copying anything."""

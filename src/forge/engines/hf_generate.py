@@ -1,0 +1,242 @@
+"""A generation engine on a transformers causal LM: the CPU engine, and a GPU fallback.
+
+The sampling loop is written here on top of the model's forward with a KV cache instead of
+``model.generate``: we must report exactly the logprobs of the distribution each token was
+sampled from (see ``forge.engines.generation``), which needs full control of the
+processing between logits and sampling.
+"""
+
+import logging
+from collections.abc import Sequence
+from os import PathLike
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
+
+from forge.engines.generation import GeneratedSequence, GenerationEngine, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class HFGenerateEngine(GenerationEngine):
+    """Batched sampling of ``len(prompts) * n`` sequences at once, left padded.
+
+    The model is put in eval mode with gradients off; it keeps its device and dtype (the
+    constructors below make it float32 on CPU unless told otherwise).
+    """
+
+    def __init__(self, model: PreTrainedModel, eos_token_id: int | Sequence[int] | None = None):
+        self.model = model.eval().requires_grad_(False)
+        if eos_token_id is None:
+            eos_token_id = model.generation_config.eos_token_id
+        if eos_token_id is None:
+            eos_token_id = model.config.eos_token_id
+        if eos_token_id is None:
+            eos_token_id = []
+            logger.warning("model has no eos_token_id: samples stop only at stop_token_ids or max_tokens")
+        self.eos_token_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        # Left-padding positions are masked out of attention, so any valid id would do.
+        self.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ) -> "HFGenerateEngine":
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        return cls(model)
+
+    @classmethod
+    def from_config(
+        cls,
+        config: PretrainedConfig,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> "HFGenerateEngine":
+        """Builds the model from a config; its weights are random unless ``state_dict`` is given."""
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
+        engine = cls(model)
+        if state_dict is not None:
+            engine.load_hf_state_dict(state_dict)
+        return engine
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @torch.inference_mode()
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[GeneratedSequence]]:
+        if not prompt_ids:
+            return []
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("every prompt needs at least one token (e.g. a bos token); got an empty prompt")
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+
+        # Row r samples prompt r // n: the n samples of a prompt are adjacent.
+        rows = [list(p) for p in prompt_ids for _ in range(params.n)]
+        input_ids, attention_mask = self._left_pad(rows)
+        # Positions count real tokens only, so a left-padded prompt sees the same positions
+        # as it would alone.
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        stop_ids = torch.tensor(
+            self.eos_token_ids + params.stop_token_ids, dtype=torch.long, device=self.device
+        )
+
+        num_rows = len(rows)
+        finished = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
+        stopped = torch.zeros(num_rows, dtype=torch.bool, device=self.device)
+        lengths = torch.zeros(num_rows, dtype=torch.long, device=self.device)
+        step_tokens: list[torch.Tensor] = []
+        step_logprobs: list[torch.Tensor] = []
+
+        logits = self._forward(input_ids, attention_mask, position_ids, cache)
+        for step in range(params.max_tokens):
+            tokens, logprobs = _sample(logits, params, generator)
+            tokens = tokens.masked_fill(finished, self.pad_token_id)
+            step_tokens.append(tokens)
+            step_logprobs.append(logprobs)
+            lengths += (~finished).long()
+            just_stopped = ~finished & torch.isin(tokens, stop_ids)
+            stopped |= just_stopped
+            finished |= just_stopped
+            if bool(finished.all()) or step == params.max_tokens - 1:
+                break
+            # Finished rows keep running (their outputs are discarded): dropping them would
+            # mean re-indexing the cache every step, which costs more than it saves here.
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(num_rows, 1)], dim=1)
+            position_ids = position_ids[:, -1:] + 1
+            logits = self._forward(tokens[:, None], attention_mask, position_ids, cache)
+
+        all_tokens = torch.stack(step_tokens, dim=1).tolist()
+        all_logprobs = torch.stack(step_logprobs, dim=1).tolist()
+        sequences = [
+            GeneratedSequence(
+                token_ids=tokens[:length],
+                logprobs=logprobs[:length],
+                stop_reason="stop" if row_stopped else "length",
+            )
+            for tokens, logprobs, length, row_stopped in zip(
+                all_tokens, all_logprobs, lengths.tolist(), stopped.tolist(), strict=True
+            )
+        ]
+        return [sequences[i : i + params.n] for i in range(0, num_rows, params.n)]
+
+    def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            attention_mask[i, width - len(row) :] = 1
+        return input_ids.to(self.device), attention_mask.to(self.device)
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
+    ) -> torch.Tensor:
+        """Returns float32 logits of the last position; appends to ``cache``."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float()
+
+    def _primary_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """Parameters by HF name, each shared (tied) tensor once, under its first name."""
+        return dict(self.model.named_parameters())
+
+    def _tied_aliases(self) -> dict[str, str]:
+        """Maps each extra name of a tied parameter (e.g. ``lm_head.weight``) to its primary name."""
+        primary_by_tensor = {id(p): name for name, p in self.model.named_parameters()}
+        return {
+            name: primary_by_tensor[id(p)]
+            for name, p in self.model.named_parameters(remove_duplicate=False)
+            if primary_by_tensor[id(p)] != name
+        }
+
+    def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
+        return {name: torch.empty_like(p) for name, p in self._primary_parameters().items()}
+
+    @torch.no_grad()
+    def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copies ``state_dict`` into the parameters in place; dtype and device are converted.
+
+        Every parameter must be present. A tied alias (``lm_head.weight`` when the embeddings
+        are tied) may also be present, and must then equal its primary: a trainer with untied
+        weights cannot be loaded into a tied model without losing one of them.
+        """
+        params = self._primary_parameters()
+        aliases = self._tied_aliases()
+        missing = sorted(params.keys() - state_dict.keys())
+        unexpected = sorted(state_dict.keys() - params.keys() - aliases.keys())
+        mismatched = [
+            f"{name}: got {tuple(t.shape)}, expected {tuple(params[name].shape)}"
+            for name, t in state_dict.items()
+            if name in params and t.shape != params[name].shape
+        ]
+        untied = [
+            f"{alias} differs from {primary}"
+            for alias, primary in aliases.items()
+            if alias in state_dict
+            and primary in state_dict
+            and not torch.equal(state_dict[alias].to(state_dict[primary].device), state_dict[primary])
+        ]
+        problems = []
+        if missing:
+            problems.append(f"missing keys {missing}")
+        if unexpected:
+            problems.append(f"unexpected keys {unexpected}")
+        if mismatched:
+            problems.append(f"shape mismatches {mismatched}")
+        if untied:
+            problems.append(f"tied weights that differ {untied} (the model ties them; the sender does not)")
+        if problems:
+            raise ValueError(
+                f"cannot load state dict into {type(self.model).__name__}: "
+                + "; ".join(problems)
+                + ". The sender must use the same architecture and Hugging Face parameter names."
+            )
+        for name, param in params.items():
+            param.copy_(state_dict[name])
+
+
+def _sample(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples one token per row; returns the tokens and their logprobs under the distribution
+    sampled from (see ``forge.engines.generation`` for the exact semantics)."""
+    if params.temperature == 0.0:
+        tokens = logits.argmax(dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1)
+    else:
+        logprobs = torch.log_softmax(_filter(logits / params.temperature, params), dim=-1)
+        tokens = torch.multinomial(logprobs.exp(), num_samples=1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _filter(scaled_logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Top-k then top-p: removed tokens get ``-inf``. The most likely token is always kept."""
+    if params.top_k > 0 and params.top_k < scaled_logits.shape[-1]:
+        kth_largest = torch.topk(scaled_logits, params.top_k, dim=-1).values[:, -1:]
+        scaled_logits = scaled_logits.masked_fill(scaled_logits < kth_largest, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled_logits, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        # Remove a token when the tokens more likely than it already reach top_p.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        remove_sorted = mass_before >= params.top_p
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        scaled_logits = scaled_logits.masked_fill(remove, float("-inf"))
+    return scaled_logits

@@ -1,0 +1,103 @@
+"""Reward functions on correct, wrong and malformed responses; the registry."""
+
+import pytest
+
+from forge.data.rewards import (
+    REWARD_FUNCTIONS,
+    exact_match,
+    format_reward,
+    get_reward_fn,
+    math_answer,
+    parse_number,
+    toy_task_reward,
+)
+
+
+@pytest.mark.parametrize(
+    ("response", "target", "expected"),
+    [
+        ("85", "85", 1.0),
+        ("  85\n", "85 ", 1.0),
+        ("so <answer>85</answer>", "85", 1.0),
+        ("84", "85", 0.0),
+        ("<answer>85", "85", 0.0),
+        ("", "85", 0.0),
+    ],
+)
+def test_exact_match(response, target, expected):
+    assert exact_match("p", response, target) == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "target", "expected"),
+    [
+        ("the answer is \\boxed{42}", "42", 1.0),
+        ("<answer>1,234</answer>", "1234", 1.0),
+        ("<answer>0.5</answer>", "1/2", 1.0),
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("\\boxed{-\\dfrac{3}{4}}", "-0.75", 1.0),
+        ("<answer>0.3333</answer>", "1/3", 1.0),
+        ("<answer>0.33</answer>", "1/3", 0.0),
+        ("<answer>\\boxed{7}</answer>", "7", 1.0),
+        ("\\boxed{\\text{{x}}} then \\boxed{2.50}", "2.5", 1.0),
+        ("<answer>$3.$</answer>", "3", 1.0),
+        ("<answer>1000001</answer>", "1000000", 0.0),
+        ("<answer>x + 1</answer>", "x+1", 1.0),
+        ("<answer>43</answer>", "42", 0.0),
+        ("42", "42", 0.0),
+        ("\\boxed{42", "42", 0.0),
+        ("<answer>1/0</answer>", "1", 0.0),
+    ],
+)
+def test_math_answer(response, target, expected):
+    assert math_answer("p", response, target) == expected
+
+
+def test_parse_number():
+    assert parse_number("1,234.5") == parse_number("1234.5") == pytest.approx(1234.5)
+    assert parse_number(" -3/4 ") == parse_number("\\frac{-3}{4}") == -0.75
+    assert parse_number("1,2") is None
+    assert parse_number("abc") is None
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("<think>8+5 is 13</think><answer>13</answer>", 1.0),
+        ("  <think>\nhm\n</think>\n<answer>13</answer>\n", 1.0),
+        ("<answer>13</answer>", 0.5),
+        ("I think <answer>13</answer>", 0.25),
+        ("<think>a</think><answer> </answer>", 0.0),
+        ("<answer>1</answer><answer>2</answer>", 0.0),
+        ("<think>a</think>13", 0.0),
+        ("13", 0.0),
+    ],
+)
+def test_format_reward(response, expected):
+    assert format_reward("p", response, "13") == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("85", 1.0),
+        (" 85 ", 1.0),
+        ("<answer>85</answer>", 1.0),
+        ("84", 0.1),
+        ("<answer>-3</answer>", 0.1),
+        ("8 5", 0.0),
+        ("85=", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_toy_task_reward(response, expected):
+    assert toy_task_reward("37+48=", response, "85") == expected
+
+
+def test_registry():
+    assert set(REWARD_FUNCTIONS) >= {"exact_match", "math_answer", "format", "toy_task"}
+    assert get_reward_fn("toy_task") is toy_task_reward
+    with pytest.raises(
+        ValueError, match=r"'exact_mach'.*\['exact_match', 'format', 'math_answer', 'toy_task'\]"
+    ):
+        get_reward_fn("exact_mach")

@@ -1,0 +1,14 @@
+"""The in-process TorchTitan engine shared by the SFT trainer, the GRPO trainer and the reference model.
+
+Modules, one concern each (import from them directly; this package imports nothing so that
+reading a config does not pull in torch and torchtitan):
+
+- ``config``: the pydantic configuration (``TitanEngineConfig``).
+- ``flavors``: model sizes, including our tiny CPU flavors (``register_flavor``).
+- ``job_config``: translation of our config into torchtitan's ``JobConfig``.
+- ``runtime``: device selection and the process group.
+- ``parallelize``: FSDP/TP/activation checkpointing via the train spec, with two fixes.
+- ``hf``: Hugging Face names, safetensors loading and export.
+- ``checkpoint``: atomic DCP checkpoints (model, optimizer, LR scheduler, step, extra state).
+- ``engine``: ``TitanEngine``, which ties them together.
+"""

@@ -1,0 +1,104 @@
+"""Configuration of the TorchTitan engine: one pydantic model per section, unknown keys rejected.
+
+Defaults suit the tiny CPU models of the tests and the embedded demo; a GPU run overrides
+the model, the learning rate and the mixed precision. ``job_config.build_job_config`` turns
+this into torchtitan's ``JobConfig``.
+"""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    # Same contract as forge.config.ForgeConfigModel: a misspelled key fails at start-up.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Section):
+    name: Literal["qwen3", "llama3"] = "qwen3"
+    flavor: str = "tiny"
+    """A flavor registered in ``forge.engines.titan.flavors`` or one of torchtitan's (e.g. ``0.6B``)."""
+    hf_path: str | None = None
+    """Local Hugging Face checkpoint directory (``*.safetensors``) to load the initial weights from."""
+    vocab_size: int | None = Field(default=None, gt=0)
+    """Overrides the flavor's vocabulary size: the tokenizer decides it."""
+
+
+class OptimizerConfig(_Section):
+    name: Literal["AdamW", "Adam"] = "AdamW"
+    lr: float = Field(default=1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    implementation: Literal["for-loop", "foreach", "fused"] = "foreach"
+
+
+class LRSchedulerConfig(_Section):
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warmup from ``lr / warmup_steps`` to ``lr``."""
+    decay_type: Literal["constant", "linear", "cosine", "sqrt"] = "constant"
+    total_steps: int | None = Field(default=None, gt=0)
+    """Length of the whole schedule; required by the decaying schedules."""
+    min_lr_factor: float = Field(default=0.0, ge=0.0, le=1.0)
+    """A decaying schedule ends at ``lr * min_lr_factor``."""
+
+    @model_validator(mode="after")
+    def _decay_needs_total_steps(self) -> "LRSchedulerConfig":
+        if self.decay_type != "constant" and self.total_steps is None:
+            raise ValueError(
+                f"lr_scheduler.decay_type={self.decay_type!r} needs lr_scheduler.total_steps "
+                "(the step at which the decay ends); set it or use decay_type='constant'"
+            )
+        return self
+
+
+class ParallelismConfig(_Section):
+    data_parallel_shard_degree: int = -1
+    """FSDP degree; -1 takes every rank left after the other degrees."""
+    data_parallel_replicate_degree: int = Field(default=1, ge=1)
+    tensor_parallel_degree: int = Field(default=1, ge=1)
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
+
+    @model_validator(mode="after")
+    def _shard_degree_valid(self) -> "ParallelismConfig":
+        if self.data_parallel_shard_degree == 0 or self.data_parallel_shard_degree < -1:
+            raise ValueError(
+                f"parallelism.data_parallel_shard_degree={self.data_parallel_shard_degree}: "
+                "use -1 (all remaining ranks) or a degree >= 1"
+            )
+        return self
+
+
+class TrainingConfig(_Section):
+    seq_len: int = Field(default=2048, gt=0)
+    """Longest sequence the engine accepts (it sizes the RoPE cache)."""
+    microbatch_size: int | None = Field(default=None, gt=0)
+    """Sequences per forward/backward; a larger batch is split and its gradients accumulated.
+    None runs the whole batch at once. ``train_step(microbatch_size=...)`` overrides it."""
+    max_norm: float = Field(default=1.0, gt=0)
+    """Gradient clipping threshold (total L2 norm)."""
+    seed: int = 0
+    """Seeds the weight initialization (through torch's global RNG, as torchtitan does)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the parameters, gradients and optimizer state."""
+    mixed_precision_param: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype for the forward/backward (FSDP mixed precision, or autocast without FSDP)."""
+    compile: bool = False
+    activation_checkpoint: Literal["none", "full", "selective"] = "none"
+
+
+class CheckpointConfig(_Section):
+    folder: str | None = None
+    """Where ``step-N`` checkpoints go; saving or loading without a folder is an error."""
+    keep_latest_k: int = Field(default=2, ge=0)
+    """Complete checkpoints to keep; 0 keeps all."""
+
+
+class TitanEngineConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    lr_scheduler: LRSchedulerConfig = Field(default_factory=LRSchedulerConfig)
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

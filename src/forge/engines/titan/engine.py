@@ -1,0 +1,285 @@
+"""``TitanEngine``: a TorchTitan model, its optimizer and checkpoints, in this process (no Monarch).
+
+One engine serves the SFT trainer, the GRPO trainer and (with ``trainable=False``) the
+reference model. It is built from the train spec the way torchtitan's own trainer builds
+itself, since torchtitan 0.2.2's ``ForgeEngine`` does not import.
+
+Every rank of a data/tensor-parallel group constructs an engine and calls the same methods in
+the same order (they contain collectives); each rank passes its own share of the batch.
+"""
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from torchtitan.components.checkpoint import ModelWrapper
+from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.protocols.train_spec import get_train_spec
+from torchtitan.tools.utils import set_default_dtype
+
+from forge.engines.titan.checkpoint import Checkpointer, TrainState
+from forge.engines.titan.config import TitanEngineConfig
+from forge.engines.titan.flavors import resolve_model_args
+from forge.engines.titan.hf import (
+    check_hf_state_dict,
+    expected_hf_shapes,
+    hf_config,
+    read_safetensors_dir,
+    write_hf_dir,
+)
+from forge.engines.titan.job_config import build_job_config
+from forge.engines.titan.parallelize import build_parallel_dims, parallelize
+from forge.engines.titan.runtime import init_runtime
+
+logger = logging.getLogger(__name__)
+
+
+class LossOutput(Protocol):
+    loss: torch.Tensor
+    """Scalar to minimize, a mean over this microbatch."""
+    metrics: Mapping[str, float | torch.Tensor]
+    """Scalars to report, e.g. ``{"loss/kl": ...}``; averaged over microbatches and ranks."""
+
+
+LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], LossOutput]
+
+
+class TitanEngine:
+    """A model built from the train spec; with ``trainable=True`` also its optimizer and LR schedule.
+
+    ``forward`` and ``train_step`` give logits ``[B, T, V]`` in the compute dtype: float32 by
+    default, bfloat16 when ``training.dtype`` or ``training.mixed_precision_param`` is bfloat16
+    (losses should upcast before a log-softmax).
+    """
+
+    def __init__(self, config: TitanEngineConfig, trainable: bool = True) -> None:
+        self.config = config
+        self.trainable = trainable
+        self.device = init_runtime()
+        self.job_config = build_job_config(config)
+        self.parallel_dims = build_parallel_dims(config.parallelism)
+        self.spec = get_train_spec(config.model.name)
+        self.model_args = resolve_model_args(config.model.name, config.model.flavor, config.model.vocab_size)
+        # Export declares the flavor's context length; the engine itself only needs seq_len.
+        self._context_length = max(self.model_args.max_seq_len, config.training.seq_len)
+        self.model_args.update_from_config(self.job_config)
+        self.adapter = self.spec.state_dict_adapter(self.model_args, None)
+        self.tied_embeddings = getattr(self.model_args, "enable_weight_tying", False)
+        # torchtitan disables FSDP's gradient averaging (it divides the loss instead), so FSDP
+        # sums gradients over the data-parallel ranks; DDP alone averages them.
+        self._grad_sum_ranks = (
+            self.parallel_dims.dp_replicate * self.parallel_dims.dp_shard
+            if self.parallel_dims.fsdp_enabled
+            else 1
+        )
+        self.step = 0
+
+        dist_utils.set_determinism(
+            self.parallel_dims, self.device, self.job_config.debug, distinct_seed_mesh_dims=["pp"]
+        )
+        self.model = self._build_model()
+        if config.model.hf_path is not None:
+            self.load_hf_checkpoint(config.model.hf_path)
+        self.optimizers = self.lr_schedulers = None
+        if trainable:
+            self.optimizers = self.spec.build_optimizers_fn(
+                [self.model], self.job_config.optimizer, self.parallel_dims
+            )
+            self.lr_schedulers = self.spec.build_lr_schedulers_fn(
+                self.optimizers, self.job_config.lr_scheduler, self.job_config.training.steps
+            )
+        else:
+            self.model.eval()
+            self.model.requires_grad_(False)
+        folder = config.checkpoint.folder
+        self._checkpointer = Checkpointer(folder, config.checkpoint.keep_latest_k) if folder else None
+        logger.info(
+            "built %s/%s on %s (%d parameters, trainable=%s)",
+            config.model.name,
+            config.model.flavor,
+            self.device,
+            sum(p.numel() for p in self.model.parameters()),
+            trainable,
+        )
+
+    def _build_model(self) -> torch.nn.Module:
+        with torch.device("meta"), set_default_dtype(TORCH_DTYPE_MAP[self.config.training.dtype]):
+            model = self.spec.model_cls(self.model_args)
+        model = parallelize(model, self.spec, self.parallel_dims, self.job_config)
+        model.to_empty(device=self.device)
+        with torch.no_grad():
+            model.init_weights(buffer_device=None)
+        model.train()
+        return model
+
+    def _compute_context(self) -> contextlib.AbstractContextManager:
+        # FSDP applies mixed precision itself; without it, autocast does (as in torchtitan).
+        training = self.config.training
+        if (
+            training.dtype == "float32"
+            and training.mixed_precision_param == "bfloat16"
+            and not (self.parallel_dims.fsdp_enabled or self.parallel_dims.tp_enabled)
+        ):
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, T, V]`` for ``tokens`` ``[B, T]``, without an autograd graph."""
+        with self._compute_context():
+            return self.model(tokens.to(self.device))
+
+    def train_step(
+        self, batch: dict[str, torch.Tensor], loss_fn: LossFn, microbatch_size: int | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on this rank's ``batch``.
+
+        ``batch["tokens"]`` ``[B, T]`` is the model input; every value is a tensor with leading
+        dimension B. It is split into microbatches of ``microbatch_size`` (default
+        ``training.microbatch_size``, else all of B) whose gradients accumulate; ``loss_fn``
+        sees each microbatch's logits and dict. The gradient is that of the mean of the
+        microbatch losses over all microbatches of all data-parallel ranks.
+        """
+        self._require_trainable("train_step")
+        microbatches = split_microbatches(batch, microbatch_size or self.config.training.microbatch_size)
+        loss_scale = 1.0 / (len(microbatches) * self._grad_sum_ranks)
+        lr = self.lr_schedulers.schedulers[0].get_last_lr()[0]
+
+        self.optimizers.zero_grad()
+        sums: dict[str, float | torch.Tensor] = {}
+        for microbatch in microbatches:
+            microbatch = {k: v.to(self.device) for k, v in microbatch.items()}
+            with self._compute_context():
+                logits = self.model(microbatch["tokens"])
+                out = loss_fn(logits, microbatch)
+            del logits  # free before backward, as torchtitan does
+            (out.loss * loss_scale).backward()
+            for name, value in {"train/loss": out.loss, **out.metrics}.items():
+                # Summed as tensors: one device sync per metric at the end, not per microbatch.
+                sums[name] = sums.get(name, 0.0) + _detached(value)
+        grad_norm = dist_utils.clip_grad_norm_(
+            list(self.model.parameters()), self.config.training.max_norm, foreach=True
+        )
+        self.optimizers.step()
+        self.lr_schedulers.step()
+        self.step += 1
+
+        means = {name: float(total) / len(microbatches) for name, total in sums.items()}
+        metrics, tokens = self._average_over_data_parallel(means, batch["tokens"].numel())
+        metrics.update(
+            {
+                "train/grad_norm": grad_norm.item(),
+                "train/lr": lr,
+                "train/tokens": tokens,
+                "train/step": self.step,
+            }
+        )
+        return metrics
+
+    def _average_over_data_parallel(self, means: dict[str, float], tokens: int) -> tuple[dict, int]:
+        if not self.parallel_dims.dp_enabled:
+            return means, tokens
+        mesh = self.parallel_dims.get_mesh("batch")
+        names = sorted(means)
+        values = torch.tensor([means[n] for n in names] + [tokens], dtype=torch.float64, device=self.device)
+        dist.all_reduce(values, group=mesh.get_group())
+        averaged = {name: values[i].item() / mesh.size() for i, name in enumerate(names)}
+        return averaged, int(values[-1].item())
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (gathered on every rank) tensors under Hugging Face names, in the parameter dtype.
+
+        Without sharding the tensors may share storage with the live parameters: copy them if
+        they must outlive the next ``train_step``.
+        """
+        titan_sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return self.adapter.to_hf(titan_sd)
+
+    def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor], source: str = "a state dict") -> None:
+        """Replace the weights (not the optimizer state) with full tensors under HF names."""
+        titan_shapes = {name: t.shape for name, t in get_model_state_dict(self.model).items()}
+        expected = expected_hf_shapes(self.adapter, titan_shapes)
+        state_dict = check_hf_state_dict(state_dict, expected, self.tied_embeddings, source)
+        titan_sd = self.adapter.from_hf(state_dict)
+        set_model_state_dict(self.model, titan_sd, options=StateDictOptions(full_state_dict=True))
+
+    def load_hf_checkpoint(self, path: str | Path) -> None:
+        """Load the ``*.safetensors`` of a local Hugging Face checkpoint directory (every rank reads them)."""
+        self.load_hf_state_dict(read_safetensors_dir(path), source=str(path))
+        logger.info("loaded Hugging Face weights from %s", path)
+
+    def export_hf(self, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
+        """Write a directory that ``AutoModelForCausalLM.from_pretrained`` loads (rank 0 writes)."""
+        hf_sd = self.hf_state_dict()
+        if dist.get_rank() == 0:
+            config = hf_config(self.config.model.name, self.model_args, hf_sd, self._context_length)
+            write_hf_dir(out_dir, hf_sd, config, tokenizer_dir)
+        dist.barrier()
+        return Path(out_dir)
+
+    def save(self, extra_state: dict[str, Any] | None = None) -> Path:
+        """Checkpoint model, optimizer, LR scheduler, step and ``extra_state`` as ``step-<self.step>``."""
+        self._require_trainable("save")
+        train_state = TrainState(self.step, extra_state)
+        return self._require_checkpointer().save(self.step, self._checkpoint_states(train_state))
+
+    def load(self, step: int | None = None) -> dict[str, Any]:
+        """Restore a checkpoint (default: the latest complete one); returns its ``extra_state``."""
+        self._require_trainable("load")
+        train_state = TrainState()
+        self._require_checkpointer().load(self._checkpoint_states(train_state), step)
+        self.step = train_state.step
+        return train_state.extra_state
+
+    def latest_step(self) -> int | None:
+        """Step of the latest complete checkpoint, or None."""
+        return self._require_checkpointer().latest_step()
+
+    def _checkpoint_states(self, train_state: TrainState) -> dict[str, Any]:
+        return {
+            "model": ModelWrapper(self.model),
+            "optimizer": self.optimizers,
+            "lr_scheduler": self.lr_schedulers,
+            "train_state": train_state,
+        }
+
+    def _require_trainable(self, what: str) -> None:
+        if not self.trainable:
+            raise RuntimeError(f"{what} needs a trainable engine; this one was built with trainable=False")
+
+    def _require_checkpointer(self) -> Checkpointer:
+        if self._checkpointer is None:
+            raise ValueError("checkpointing needs checkpoint.folder in the engine config")
+        return self._checkpointer
+
+
+def split_microbatches(
+    batch: dict[str, torch.Tensor], microbatch_size: int | None
+) -> list[dict[str, torch.Tensor]]:
+    """Slices of ``microbatch_size`` rows (None: all rows) of every tensor in ``batch``."""
+    if "tokens" not in batch:
+        raise KeyError(f"batch needs a 'tokens' tensor [B, T]; got keys {sorted(batch)}")
+    size = batch["tokens"].shape[0]
+    for name, value in batch.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != size:
+            raise ValueError(f"batch[{name!r}] must be a tensor with leading dimension B={size}")
+    microbatch_size = microbatch_size or size
+    if size % microbatch_size:
+        raise ValueError(f"batch size {size} is not a multiple of microbatch_size {microbatch_size}")
+    return [
+        {k: v[i : i + microbatch_size] for k, v in batch.items()} for i in range(0, size, microbatch_size)
+    ]
+
+
+def _detached(value: float | torch.Tensor) -> float | torch.Tensor:
+    return value.detach() if isinstance(value, torch.Tensor) else float(value)

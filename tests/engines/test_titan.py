@@ -1,0 +1,201 @@
+"""TitanEngine on CPU with real (tiny) TorchTitan models: training, HF weights, export, errors.
+
+Checkpointing is in test_titan_checkpoint.py, data parallelism in test_titan_dp.py.
+"""
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.distributed as dist
+from pydantic import ValidationError
+from transformers import AutoModelForCausalLM
+
+from forge.engines.titan.config import TitanEngineConfig
+from forge.engines.titan.engine import TitanEngine, split_microbatches
+
+VOCAB = 40
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    metrics: dict
+
+
+def masked_ce(logits: torch.Tensor, batch: dict) -> LossOutput:
+    """Next-token cross entropy over the positions where loss_mask is set."""
+    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    nll = -logprobs.gather(-1, batch["tokens"][:, 1:].unsqueeze(-1)).squeeze(-1)
+    mask = batch["loss_mask"][:, 1:].float()
+    loss = (nll * mask).sum() / mask.sum()
+    return LossOutput(loss, {"loss/nll": loss.detach()})
+
+
+def make_batch(size: int = 8, length: int = 24, seed: int = 0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (size, length), generator=generator)
+    loss_mask = torch.ones(size, length, dtype=torch.bool)
+    loss_mask[:, : length // 3] = False  # a prompt the loss ignores
+    return {"tokens": tokens, "loss_mask": loss_mask}
+
+
+def make_config(**sections) -> TitanEngineConfig:
+    raw = {"model": {"vocab_size": VOCAB}, "training": {"seq_len": 64}}
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return TitanEngineConfig.model_validate(raw)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_process_group():
+    """The first engine creates a world-size-1 process group; drop it for the next modules."""
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_training_lowers_the_loss_on_a_fixed_batch():
+    engine = TitanEngine(make_config())
+    batch = make_batch()
+    metrics = [engine.train_step(batch, masked_ce) for _ in range(6)]
+    losses = [m["train/loss"] for m in metrics]
+    assert losses[-1] < losses[0] - 0.5, losses
+    last = metrics[-1]
+    assert last["train/step"] == engine.step == 6
+    assert last["loss/nll"] == pytest.approx(last["train/loss"])
+    assert last["train/tokens"] == batch["tokens"].numel()
+    assert last["train/lr"] == pytest.approx(1e-3)
+    assert last["train/grad_norm"] > 0
+
+
+def test_gradient_accumulation_matches_the_whole_batch():
+    whole, split = TitanEngine(make_config()), TitanEngine(make_config())
+    batch = make_batch()
+    for _ in range(2):
+        expected = whole.train_step(batch, masked_ce)
+        got = split.train_step(batch, masked_ce, microbatch_size=2)
+        # Equal masks per row make the mean of microbatch means the whole-batch mean.
+        assert got["train/loss"] == pytest.approx(expected["train/loss"], rel=1e-5)
+        assert got["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=1e-4)
+
+
+def test_lr_schedule_warms_up_and_decays():
+    engine = TitanEngine(
+        make_config(lr_scheduler={"warmup_steps": 2, "decay_type": "linear", "total_steps": 4})
+    )
+    lrs = [engine.train_step(make_batch(2), masked_ce)["train/lr"] for _ in range(5)]
+    # torchtitan's schedule: linear warmup, the peak held one step, then decay to 0 at step 4.
+    assert lrs == pytest.approx([5e-4, 1e-3, 1e-3, 5e-4, 0.0])
+
+
+def test_hf_state_dict_round_trip_gives_identical_logits():
+    trained = TitanEngine(make_config())
+    trained.train_step(make_batch(), masked_ce)
+    hf_sd = {name: t.clone() for name, t in trained.hf_state_dict().items()}
+    assert "model.embed_tokens.weight" in hf_sd and "lm_head.weight" not in hf_sd  # tied
+
+    fresh = TitanEngine(make_config(training={"seed": 1}), trainable=False)
+    tokens = make_batch()["tokens"]
+    assert not torch.equal(fresh.forward(tokens), trained.forward(tokens))
+    fresh.load_hf_state_dict(hf_sd)
+    logits = fresh.forward(tokens)
+    assert logits.shape == (*tokens.shape, VOCAB) and logits.dtype == torch.float32
+    torch.testing.assert_close(logits, trained.forward(tokens), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("model", "architecture"), [("qwen3", "Qwen3ForCausalLM"), ("llama3", "LlamaForCausalLM")]
+)
+def test_export_loads_in_transformers_with_matching_logits(tmp_path, model, architecture):
+    engine = TitanEngine(make_config(model={"name": model}))
+    engine.train_step(make_batch(), masked_ce)
+    tokenizer_dir = tmp_path / "tokenizer"
+    tokenizer_dir.mkdir()
+    (tokenizer_dir / "tokenizer.json").write_text("{}")
+    (tokenizer_dir / "tokenizer_config.json").write_text("{}")
+
+    out = engine.export_hf(tmp_path / "export", tokenizer_dir=tokenizer_dir)
+    engine.export_hf(out)  # replacing an export goes through a temporary dir as well
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "tokenizer"]
+    engine.export_hf(out, tokenizer_dir=tokenizer_dir)
+    assert {p.name for p in out.iterdir()} == {
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [architecture]
+    assert config["vocab_size"] == VOCAB and config["head_dim"] == 16
+    assert config["tie_word_embeddings"] is (model == "qwen3")
+    hf_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert type(hf_model).__name__ == architecture
+    tokens = make_batch()["tokens"]
+    with torch.no_grad():
+        hf_logits = hf_model(tokens).logits
+    torch.testing.assert_close(hf_logits, engine.forward(tokens), rtol=0, atol=1e-4)
+
+    reloaded = TitanEngine(make_config(model={"name": model, "hf_path": str(out)}), trainable=False)
+    torch.testing.assert_close(reloaded.forward(tokens), engine.forward(tokens), rtol=0, atol=0)
+
+
+def test_reference_engine_has_no_optimizer_and_no_grad():
+    engine = TitanEngine(make_config(), trainable=False)
+    assert engine.optimizers is None
+    assert not any(p.requires_grad for p in engine.model.parameters())
+    assert not engine.forward(make_batch()["tokens"]).requires_grad
+    with pytest.raises(RuntimeError, match="trainable=False"):
+        engine.train_step(make_batch(), masked_ce)
+
+
+def test_missing_hf_path_names_the_path(tmp_path):
+    missing = tmp_path / "no-such-checkpoint"
+    with pytest.raises(FileNotFoundError, match="no-such-checkpoint"):
+        TitanEngine(make_config(model={"hf_path": str(missing)}))
+    missing.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors files in .*no-such-checkpoint"):
+        TitanEngine(make_config(model={"hf_path": str(missing)}))
+
+
+def test_wrong_shapes_and_keys_are_named(tmp_path):
+    out = TitanEngine(make_config()).export_hf(tmp_path / "v40")
+    with pytest.raises(
+        ValueError, match=r"v40 .*model\.embed_tokens\.weight: got \(40, 64\), model needs \(48, 64\)"
+    ):
+        TitanEngine(make_config(model={"vocab_size": 48, "hf_path": str(out)}))
+
+    engine = TitanEngine(make_config(), trainable=False)
+    hf_sd = dict(engine.hf_state_dict())
+    hf_sd.pop("model.norm.weight")
+    hf_sd["model.extra.weight"] = torch.zeros(1)
+    with pytest.raises(
+        ValueError, match=r"missing keys \['model.norm.weight'\]; unexpected keys \['model.extra.weight'\]"
+    ):
+        engine.load_hf_state_dict(hf_sd)
+
+
+def test_unknown_flavor_lists_known_flavors():
+    with pytest.raises(ValueError, match=r"unknown flavor 'huge'.*'tiny', 'small'.*'debugmodel'"):
+        TitanEngine(make_config(model={"flavor": "huge"}))
+
+
+def test_config_rejects_unknown_keys_and_incomplete_schedules():
+    with pytest.raises(ValidationError, match="lr_rate"):
+        make_config(optimizer={"lr_rate": 1.0})
+    with pytest.raises(ValidationError, match="needs lr_scheduler.total_steps"):
+        make_config(lr_scheduler={"decay_type": "cosine"})
+
+
+def test_split_microbatches_checks_the_batch():
+    batch = make_batch(4)
+    assert [mb["tokens"].shape[0] for mb in split_microbatches(batch, 2)] == [2, 2]
+    assert [mb["tokens"].shape[0] for mb in split_microbatches(batch, None)] == [4]
+    with pytest.raises(KeyError, match="'tokens'"):
+        split_microbatches({"input_ids": batch["tokens"]}, None)
+    with pytest.raises(ValueError, match="not a multiple"):
+        split_microbatches(batch, 3)
+    with pytest.raises(ValueError, match="advantages"):
+        split_microbatches({**batch, "advantages": torch.zeros(3)}, 2)

@@ -1,0 +1,1 @@
+"""Pure-torch RL building blocks: token ops, losses, group advantages. No Monarch, no actors."""

@@ -1,0 +1,204 @@
+"""What every loss shares: pydantic configs, the output type, and the call signature.
+
+A loss is built from its config (``GRPOLoss(clip_low=0.1)``, ``GRPOLoss.from_config({...})``)
+and called as ``loss_fn(logits, target_ids, advantages, generator_logprobs, loss_mask,
+ref_logprobs=None) -> LossOutput``. The call is pure tensor code, so ``torch.compile(loss_fn,
+fullgraph=True)`` compiles it whole: metrics stay 0-d tensors until ``LossOutput.metrics`` is read.
+"""
+
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple, Self
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from torch import Tensor
+
+from forge.rl.ops import (
+    AggMode,
+    aggregate,
+    broadcast_advantages,
+    check_logits,
+    check_same_shape,
+    compute_entropy,
+    compute_kl,
+    compute_logprobs,
+)
+
+
+class BaseLossConfig(BaseModel):
+    """Parameters of a loss. Unknown keys fail at construction, so a typo never goes unnoticed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AggregatedLossConfig(BaseLossConfig):
+    agg_type: AggMode = "token_mean"
+    horizon: PositiveInt | None = Field(None, description="fixed_horizon's constant length; defaults to T")
+
+    @model_validator(mode="after")
+    def _horizon_needs_fixed_horizon(self) -> Self:
+        if self.horizon is not None and self.agg_type != "fixed_horizon":
+            raise ValueError(f"horizon={self.horizon} only applies to agg_type='fixed_horizon'")
+        return self
+
+
+class PolicyLossConfig(AggregatedLossConfig):
+    temperature: PositiveFloat = Field(1.0, description="the generator's sampling temperature")
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """A scalar ``loss`` to backpropagate and its metrics.
+
+    ``metric_tensors`` holds 0-d tensors (detached), so that computing them needs no graph break
+    and no device sync; ``metrics`` converts them to floats with one sync, on first access.
+    """
+
+    loss: Tensor
+    metric_tensors: dict[str, Tensor]
+
+    @functools.cached_property
+    def metrics(self) -> dict[str, float]:
+        if not self.metric_tensors:
+            return {}
+        values = torch.stack([t.detach().to(torch.float64) for t in self.metric_tensors.values()])
+        return dict(zip(self.metric_tensors, values.tolist(), strict=True))
+
+
+class Loss(ABC):
+    """Base of every loss: holds the validated config, built from keyword arguments or a mapping."""
+
+    config_class: ClassVar[type[BaseLossConfig]]
+
+    def __init__(self, **params: Any) -> None:
+        self.config = self.config_class(**params)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | BaseLossConfig) -> Self:
+        params = config.model_dump() if isinstance(config, BaseLossConfig) else dict(config)
+        return cls(**params)
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.config.model_dump().items())
+        return f"{type(self).__name__}({params})"
+
+    @abstractmethod
+    def __call__(
+        self,
+        logits: Tensor,
+        target_ids: Tensor,
+        advantages: Tensor | None,
+        generator_logprobs: Tensor | None,
+        loss_mask: Tensor | None,
+        ref_logprobs: Tensor | None = None,
+    ) -> LossOutput: ...
+
+
+def token_fraction(flags: Tensor, response: Tensor) -> Tensor:
+    """Fraction of response tokens where the boolean ``flags`` hold."""
+    return aggregate(flags.to(torch.float32), response, "token_mean")
+
+
+class TokenTerms(NamedTuple):
+    """What a policy loss computes per token, before the shared aggregation and metrics."""
+
+    loss: Tensor  # [B, T], reduced with the config's agg_type
+    ratio: Tensor  # [B, T] importance ratio the loss used, for the ratio metrics
+    response: Tensor  # [B, T] bool, the tokens that count (a loss may drop some)
+    metrics: dict[str, Tensor]
+
+
+class PolicyLoss(Loss):
+    """A policy-gradient loss on the generator's samples; subclasses define ``_token_terms``.
+
+    Metrics of every policy loss: ``loss/pg`` (the policy-gradient term), ``loss/ratio_mean`` and
+    ``loss/ratio_max`` (the ratio the loss used, over response tokens), ``loss/mismatch_kl`` (k3
+    estimate of KL(generator || trainer) on the generator's samples: engine mismatch plus
+    staleness) and ``loss/entropy``. Losses that clip add ``loss/clip_frac_low`` /
+    ``loss/clip_frac_high``: the fraction of response tokens whose gradient the clip removed, or
+    whose importance weight it truncated.
+    """
+
+    config: PolicyLossConfig
+
+    def __call__(
+        self,
+        logits: Tensor,
+        target_ids: Tensor,
+        advantages: Tensor,
+        generator_logprobs: Tensor,
+        loss_mask: Tensor,
+        ref_logprobs: Tensor | None = None,
+    ) -> LossOutput:
+        where = type(self).__name__
+        check_logits(where, logits, target_ids)
+        check_same_shape(where, target_ids=target_ids, loss_mask=loss_mask)
+        response = loss_mask != 0
+        # Padded targets may hold an ignore index such as -100; any valid id does there.
+        target_ids = torch.where(response, target_ids, 0)
+        logprobs = compute_logprobs(logits, target_ids, self.config.temperature)
+        loss, metrics = self._loss_and_metrics(
+            logprobs, advantages, generator_logprobs, response, ref_logprobs
+        )
+        with torch.no_grad():
+            metrics["loss/entropy"] = compute_entropy(logits.detach(), response, self.config.temperature)[1]
+        return LossOutput(loss, metrics)
+
+    def loss_from_logprobs(
+        self,
+        logprobs: Tensor,
+        advantages: Tensor,
+        generator_logprobs: Tensor,
+        loss_mask: Tensor,
+        ref_logprobs: Tensor | None = None,
+    ) -> LossOutput:
+        """The same loss from the trainer's logprobs ``[B, T]`` (no entropy metric without logits)."""
+        loss, metrics = self._loss_and_metrics(
+            logprobs, advantages, generator_logprobs, loss_mask != 0, ref_logprobs
+        )
+        return LossOutput(loss, metrics)
+
+    def _loss_and_metrics(
+        self,
+        logprobs: Tensor,
+        advantages: Tensor,
+        generator_logprobs: Tensor,
+        response: Tensor,
+        ref_logprobs: Tensor | None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        where = type(self).__name__
+        shapes = {"logprobs": logprobs, "generator_logprobs": generator_logprobs, "loss_mask": response}
+        if ref_logprobs is not None:
+            shapes["ref_logprobs"] = ref_logprobs
+        check_same_shape(where, **shapes)
+        # Zeroed where masked, so that a NaN advantage on padding cannot reach a gradient.
+        advantages = torch.where(response, broadcast_advantages(advantages, logprobs.shape), 0.0)
+        terms = self._token_terms(logprobs, advantages, generator_logprobs, response, ref_logprobs)
+        loss = self._aggregate(terms.loss, terms.response)
+        with torch.no_grad():
+            # The tokens were sampled from the generator, so it plays pi and the trainer ref.
+            mismatch = compute_kl(generator_logprobs, logprobs.detach(), "k3", loss_mask=terms.response)
+            metrics = {
+                "loss/pg": loss.detach(),
+                **terms.metrics,
+                "loss/ratio_mean": aggregate(terms.ratio.detach(), terms.response, "token_mean"),
+                "loss/ratio_max": torch.where(terms.response, terms.ratio.detach(), 0.0).max(),
+                "loss/mismatch_kl": aggregate(mismatch, terms.response, "token_mean"),
+            }
+        return loss, metrics
+
+    @abstractmethod
+    def _token_terms(
+        self,
+        logprobs: Tensor,
+        advantages: Tensor,
+        generator_logprobs: Tensor,
+        response: Tensor,
+        ref_logprobs: Tensor | None,
+    ) -> TokenTerms: ...
+
+    def _aggregate(self, values: Tensor, response: Tensor) -> Tensor:
+        return aggregate(values, response, self.config.agg_type, self.config.horizon)

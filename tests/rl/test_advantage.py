@@ -1,0 +1,81 @@
+"""forge.rl.advantage against plain float64 references written with Python loops and math."""
+
+import math
+
+import pytest
+import torch
+
+from forge.rl.advantage import group_advantages, has_signal
+
+
+def ref_advantages(group: list[float], mode: str, eps: float) -> list[float]:
+    size = len(group)
+    mean = sum(group) / size
+    if mode == "none":
+        return list(group)
+    if mode == "dr_grpo":
+        return [r - mean for r in group]
+    if mode == "grpo":
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / size)
+        return [(r - mean) / (std + eps) for r in group]
+    assert mode == "rloo"
+    if size == 1:
+        return [0.0]
+    return [r - (sum(group) - r) / (size - 1) for r in group]
+
+
+GROUPS = torch.tensor(
+    [[1.0, 0.0, 0.0, 1.0, 1.0], [0.2, 0.9, -0.4, 0.0, 0.3], [0.5, 0.5, 0.5, 0.5, 0.5]], dtype=torch.float64
+)
+
+
+@pytest.mark.parametrize("mode", ["grpo", "dr_grpo", "rloo", "none"])
+def test_group_advantages_match_reference_for_one_and_many_groups(mode):
+    many = group_advantages(GROUPS, mode, eps=1e-4)
+    assert many.shape == GROUPS.shape
+    for row, group in enumerate(GROUPS.tolist()):
+        want = ref_advantages(group, mode, eps=1e-4)
+        assert many[row].tolist() == pytest.approx(want, rel=1e-12, abs=1e-12)
+        one = group_advantages(GROUPS[row], mode, eps=1e-4)
+        assert one.tolist() == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["grpo", "dr_grpo", "rloo"])
+def test_equal_rewards_and_single_completion_groups_give_zero_not_nan(mode):
+    assert group_advantages(torch.tensor([[1.0]]), mode).tolist() == [[0.0]]
+    assert group_advantages(torch.tensor([3.0]), mode).tolist() == [0.0]
+    # float32 0.7 * 7 does not average back to 0.7 exactly: the rounding error must not survive
+    assert group_advantages(torch.full((2, 7), 0.7), mode).abs().max().item() == 0.0
+
+
+def test_grpo_advantages_have_unit_population_variance():
+    advantages = group_advantages(GROUPS[:2], "grpo", eps=0.0)
+    torch.testing.assert_close(advantages.var(-1, correction=0), torch.ones(2, dtype=torch.float64))
+
+
+def test_integer_rewards_give_float_advantages():
+    advantages = group_advantages(torch.tensor([1, 0, 0, 1]), "dr_grpo")
+    assert advantages.dtype == torch.float32 and advantages.tolist() == [0.5, -0.5, -0.5, 0.5]
+
+
+def test_none_returns_a_copy():
+    rewards = torch.tensor([1.0, 2.0])
+    advantages = group_advantages(rewards, "none")
+    advantages[0] = 5.0
+    assert rewards[0].item() == 1.0
+
+
+def test_group_advantages_rejects_bad_mode_and_shape():
+    with pytest.raises(ValueError, match="mode"):
+        group_advantages(GROUPS, "ppo")
+    with pytest.raises(ValueError, match=r"\[G\] or \[N, G\], got \(2, 3, 4\)"):
+        group_advantages(torch.zeros(2, 3, 4))
+
+
+def test_has_signal():
+    assert has_signal(torch.tensor([1.0, 0.0, 1.0])) is True
+    assert has_signal(torch.tensor([0.5, 0.5, 0.5])) is False
+    assert has_signal(torch.tensor([1.0])) is False
+    assert has_signal(GROUPS).tolist() == [True, True, False]
+    with pytest.raises(ValueError, match=r"got \(\)"):
+        has_signal(torch.tensor(1.0))

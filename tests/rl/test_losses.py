@@ -1,0 +1,548 @@
+"""forge.rl.losses against plain float64 references written with Python loops and math."""
+
+import math
+
+import pytest
+import torch
+
+from forge.rl.losses import LOSSES, CISPOLoss, DAPOLoss, GRPOLoss, GSPOLoss, LossOutput, SFTLoss, build_loss
+from forge.rl.losses.ppo import GRPOLossConfig
+
+# --- references: Python floats and loops only -------------------------------------------------
+
+
+def ref_logprob(row: list[float], target: int, temperature: float = 1.0) -> float:
+    scaled = [x / temperature for x in row]
+    top = max(scaled)
+    return scaled[target] - (top + math.log(sum(math.exp(x - top) for x in scaled)))
+
+
+def ref_entropy(row: list[float], temperature: float = 1.0) -> float:
+    scaled = [x / temperature for x in row]
+    top = max(scaled)
+    exps = [math.exp(x - top) for x in scaled]
+    return -sum(e / sum(exps) * math.log(e / sum(exps)) for e in exps)
+
+
+def ref_aggregate(values, keep, mode: str, horizon: int | None = None) -> float:
+    if mode == "token_mean":
+        kept = [v for vs, ks in zip(values, keep, strict=True) for v, k in zip(vs, ks, strict=True) if k]
+        return sum(kept) / len(kept) if kept else 0.0
+    if mode in ("sequence_mean", "sequence_sum"):
+        per_sequence = []
+        for vs, ks in zip(values, keep, strict=True):
+            kept = [v for v, k in zip(vs, ks, strict=True) if k]
+            if kept:
+                per_sequence.append(sum(kept) / len(kept) if mode == "sequence_mean" else sum(kept))
+        return sum(per_sequence) / len(per_sequence) if per_sequence else 0.0
+    total = sum(v for vs, ks in zip(values, keep, strict=True) for v, k in zip(vs, ks, strict=True) if k)
+    return total / (len(values) * (horizon or len(values[0])))
+
+
+def ref_kl(logprob: float, ref: float, estimator: str) -> float:
+    r = ref - logprob
+    if estimator == "k1":
+        return -r
+    if estimator == "k2":
+        return r * r / 2
+    k3 = math.exp(r) - r - 1
+    return k3 if estimator == "k3" else min(max(k3, -10.0), 10.0)
+
+
+DEFAULTS = {
+    "grpo": {
+        "clip_low": 0.2,
+        "clip_high": 0.2,
+        "beta": 0.0,
+        "kl_estimator": "k3",
+        "agg_type": "fixed_horizon",
+    },
+    "dapo": {"clip_low": 0.2, "clip_high": 0.28, "agg_type": "token_mean"},
+    "gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "agg_type": "sequence_mean"},
+    "cispo": {"clip_high": 0.28, "agg_type": "token_mean"},
+    "reinforce": {"tis_cap": None, "agg_type": "token_mean"},
+}
+
+
+def ref_policy_loss(name, params, logprobs, advantages, generator, mask, ref=None, frozen=None):
+    """(loss, metrics) of a policy loss from per-token lists; ``frozen`` are the logprobs that
+    stop-gradient weights are computed from (the trainer's own, unless a test freezes them)."""
+    cfg = {**DEFAULTS[name], "horizon": None, **params}
+    frozen = frozen or logprobs
+    batch, length = len(logprobs), len(logprobs[0])
+    keep = [
+        [bool(mask[b][t]) and (name != "dapo" or math.isfinite(generator[b][t])) for t in range(length)]
+        for b in range(batch)
+    ]
+    ratio = [
+        [math.exp(logprobs[b][t] - generator[b][t]) if keep[b][t] else 1.0 for t in range(length)]
+        for b in range(batch)
+    ]
+    if name == "gspo":
+        for b in range(batch):
+            log_ratios = [logprobs[b][t] - generator[b][t] for t in range(length) if keep[b][t]]
+            ratio[b] = [math.exp(sum(log_ratios) / len(log_ratios))] * length
+    pg = [[0.0] * length for _ in range(batch)]
+    clipped_low = [[False] * length for _ in range(batch)]
+    clipped_high = [[False] * length for _ in range(batch)]
+    for b in range(batch):
+        for t in range(length):
+            if not keep[b][t]:
+                continue
+            r, a = ratio[b][t], advantages[b][t]
+            if name in ("grpo", "dapo", "gspo"):
+                low, high = 1 - cfg["clip_low"], 1 + cfg["clip_high"]
+                pg[b][t] = -min(r * a, min(max(r, low), high) * a)
+                clipped_low[b][t] = r < low and a < 0
+                clipped_high[b][t] = r > high and a > 0
+            else:
+                cap = 1 + cfg["clip_high"] if name == "cispo" else cfg["tis_cap"]
+                weight = 1.0 if cap is None else min(math.exp(frozen[b][t] - generator[b][t]), cap)
+                pg[b][t] = -weight * a * logprobs[b][t]
+                clipped_high[b][t] = cap is not None and r > cap
+    agg = cfg["agg_type"]
+    metrics = {
+        "loss/pg": ref_aggregate(pg, keep, agg, cfg["horizon"]),
+        "loss/ratio_mean": ref_aggregate(ratio, keep, "token_mean"),
+        "loss/ratio_max": max(
+            r for rs, ks in zip(ratio, keep, strict=True) for r, k in zip(rs, ks, strict=True) if k
+        ),
+        "loss/mismatch_kl": ref_aggregate(
+            [
+                [ref_kl(generator[b][t], logprobs[b][t], "k3") if keep[b][t] else 0.0 for t in range(length)]
+                for b in range(batch)
+            ],
+            keep,
+            "token_mean",
+        ),
+    }
+    if name != "reinforce" or cfg["tis_cap"] is not None:
+        metrics["loss/clip_frac_high"] = ref_aggregate(clipped_high, keep, "token_mean")
+    if name in ("grpo", "dapo", "gspo"):
+        metrics["loss/clip_frac_low"] = ref_aggregate(clipped_low, keep, "token_mean")
+    if name == "dapo":
+        metrics["loss/nonfinite_generator_logprobs"] = sum(
+            1 for b in range(batch) for t in range(length) if mask[b][t] and not keep[b][t]
+        )
+    loss = metrics["loss/pg"]
+    if name == "grpo" and ref is not None:
+        kl = [
+            [ref_kl(logprobs[b][t], ref[b][t], cfg["kl_estimator"]) for t in range(length)]
+            for b in range(batch)
+        ]
+        metrics["loss/kl"] = ref_aggregate(kl, keep, agg, cfg["horizon"])
+        loss = ref_aggregate(
+            [[pg[b][t] + cfg["beta"] * kl[b][t] for t in range(length)] for b in range(batch)],
+            keep,
+            agg,
+            cfg["horizon"],
+        )
+    return loss, metrics
+
+
+# --- shared inputs ------------------------------------------------------------------------------
+
+B, T, V = 3, 5, 6
+MASK = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1], [1, 1, 0, 0, 0]])
+# Trainer-vs-generator log-ratios chosen to land inside and outside the clip ranges, away from
+# their edges (so that finite differences never straddle a kink).
+LOG_RATIO = torch.tensor(
+    [[0.0, 0.3, -0.5, 0.05, 0.0], [0.0, 0.0, -0.1, 0.6, -0.25], [0.15, -0.02, 0.0, 0.0, 0.0]],
+    dtype=torch.float64,
+)
+SEQ_ADVANTAGES = torch.tensor([1.0, -0.7, 0.4], dtype=torch.float64)
+TOKEN_ADVANTAGES = torch.tensor(
+    [[0.0, 0.5, -1.2, 0.8, 0.0], [0.0, 0.0, 1.1, -0.4, 0.3], [-0.9, 0.6, 0.0, 0.0, 0.0]], dtype=torch.float64
+)
+
+
+def make_batch(temperature: float = 1.0, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, T, V, generator=gen, dtype=torch.float64) * 2
+    targets = torch.randint(0, V, (B, T), generator=gen)
+    rows = logits.tolist()
+    trainer = torch.tensor(
+        [[ref_logprob(rows[b][t], int(targets[b, t]), temperature) for t in range(T)] for b in range(B)],
+        dtype=torch.float64,
+    )
+    generator_logprobs = trainer - LOG_RATIO
+    ref_logprobs = trainer + torch.randn(B, T, generator=gen, dtype=torch.float64) * 0.3
+    return logits, targets, generator_logprobs, ref_logprobs
+
+
+CASES = [
+    ("grpo", {}, "seq", False),
+    ("grpo", {"beta": 0.05}, "seq", True),
+    (
+        "grpo",
+        {"beta": 0.1, "kl_estimator": "k2", "agg_type": "sequence_mean", "temperature": 0.7},
+        "token",
+        True,
+    ),
+    ("grpo", {"beta": 0.02, "kl_estimator": "low_var_kl", "horizon": 16}, "seq", True),
+    ("grpo", {"kl_estimator": "k1", "agg_type": "sequence_sum"}, "seq", True),
+    ("dapo", {}, "seq", False),
+    ("dapo", {"clip_low": 0.1, "clip_high": 0.5, "agg_type": "sequence_mean"}, "token", False),
+    ("gspo", {}, "seq", False),
+    ("gspo", {"clip_low": 0.05, "clip_high": 0.07, "agg_type": "token_mean"}, "seq", False),
+    ("cispo", {}, "seq", False),
+    ("cispo", {"clip_high": 0.1, "agg_type": "fixed_horizon", "temperature": 1.3}, "token", False),
+    ("reinforce", {}, "seq", False),
+    ("reinforce", {"tis_cap": 1.2, "agg_type": "sequence_mean"}, "token", False),
+]
+CASE_IDS = [f"{name}-{i}" for i, (name, *_) in enumerate(CASES)]
+
+
+def case_inputs(name, params, advantage_kind, with_ref):
+    temperature = params.get("temperature", 1.0)
+    logits, targets, generator_logprobs, ref_logprobs = make_batch(temperature)
+    advantages = SEQ_ADVANTAGES if advantage_kind == "seq" else TOKEN_ADVANTAGES
+    return logits, targets, advantages, generator_logprobs, (ref_logprobs if with_ref else None)
+
+
+def per_token(advantages: torch.Tensor) -> list[list[float]]:
+    return (advantages[:, None].expand(B, T) if advantages.dim() == 1 else advantages).tolist()
+
+
+# --- values and metrics -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "params", "advantage_kind", "with_ref"), CASES, ids=CASE_IDS)
+def test_policy_loss_matches_reference(name, params, advantage_kind, with_ref):
+    logits, targets, advantages, generator_logprobs, ref_logprobs = case_inputs(
+        name, params, advantage_kind, with_ref
+    )
+    out = build_loss(name, **params)(logits, targets, advantages, generator_logprobs, MASK, ref_logprobs)
+
+    temperature = params.get("temperature", 1.0)
+    rows = logits.tolist()
+    logprobs = [
+        [ref_logprob(rows[b][t], int(targets[b, t]), temperature) for t in range(T)] for b in range(B)
+    ]
+    want_loss, want_metrics = ref_policy_loss(
+        name,
+        params,
+        logprobs,
+        per_token(advantages),
+        generator_logprobs.tolist(),
+        MASK.tolist(),
+        None if ref_logprobs is None else ref_logprobs.tolist(),
+    )
+    entropy = [[ref_entropy(rows[b][t], temperature) for t in range(T)] for b in range(B)]
+    want_metrics["loss/entropy"] = ref_aggregate(entropy, MASK.tolist(), "token_mean")
+
+    assert out.loss.item() == pytest.approx(want_loss, rel=1e-10, abs=1e-12)
+    assert set(out.metrics) == set(want_metrics)
+    for key, want in want_metrics.items():
+        assert out.metrics[key] == pytest.approx(want, rel=1e-10, abs=1e-12), key
+
+
+def test_policy_losses_see_the_off_policy_ratio():
+    """The ratio is against the generator's logprobs, not a detached copy of the trainer's (always 1)."""
+    logits, targets, generator_logprobs, _ = make_batch()
+    out = GRPOLoss()(logits, targets, SEQ_ADVANTAGES, generator_logprobs, MASK)
+    assert out.metrics["loss/ratio_max"] == pytest.approx(math.exp(0.6), rel=1e-9)
+    assert out.metrics["loss/clip_frac_high"] > 0 and out.metrics["loss/clip_frac_low"] > 0
+
+
+def test_grpo_reports_pg_and_kl_that_add_up_to_the_loss():
+    logits, targets, generator_logprobs, ref_logprobs = make_batch()
+    out = GRPOLoss(beta=0.3)(logits, targets, SEQ_ADVANTAGES, generator_logprobs, MASK, ref_logprobs)
+    assert out.loss.item() == pytest.approx(out.metrics["loss/pg"] + 0.3 * out.metrics["loss/kl"], rel=1e-12)
+
+
+def test_dapo_drops_and_counts_tokens_with_nonfinite_generator_logprobs():
+    logits, targets, generator_logprobs, _ = make_batch()
+    generator_logprobs[1, 3], generator_logprobs[2, 0] = -math.inf, math.nan
+    out = DAPOLoss()(logits, targets, SEQ_ADVANTAGES, generator_logprobs, MASK)
+    rows = logits.tolist()
+    logprobs = [[ref_logprob(rows[b][t], int(targets[b, t])) for t in range(T)] for b in range(B)]
+    want_loss, want_metrics = ref_policy_loss(
+        "dapo", {}, logprobs, per_token(SEQ_ADVANTAGES), generator_logprobs.tolist(), MASK.tolist()
+    )
+    assert math.isfinite(out.loss.item())
+    assert out.loss.item() == pytest.approx(want_loss, rel=1e-10)
+    assert out.metrics["loss/nonfinite_generator_logprobs"] == 2
+    assert out.metrics["loss/mismatch_kl"] == pytest.approx(want_metrics["loss/mismatch_kl"], rel=1e-10)
+
+
+def test_sft_loss_matches_reference():
+    logits, targets, _, _ = make_batch()
+    targets[0, 1] = int(logits[0, 1].argmax())  # at least one correct prediction
+    out = SFTLoss()(logits, targets, loss_mask=MASK)
+    rows = logits.tolist()
+    nll = [[-ref_logprob(rows[b][t], int(targets[b, t])) for t in range(T)] for b in range(B)]
+    correct = [
+        [float(max(range(V), key=lambda v: rows[b][t][v]) == targets[b, t]) for t in range(T)]
+        for b in range(B)
+    ]
+    want = ref_aggregate(nll, MASK.tolist(), "token_mean")
+    assert out.loss.item() == pytest.approx(want, rel=1e-12)
+    assert out.metrics == pytest.approx(
+        {
+            "sft/loss": want,
+            "sft/token_accuracy": ref_aggregate(correct, MASK.tolist(), "token_mean"),
+            "sft/perplexity": math.exp(want),
+        },
+        rel=1e-12,
+    )
+    all_tokens = SFTLoss(agg_type="sequence_sum")(logits, targets)  # no mask: every token counts
+    assert all_tokens.loss.item() == pytest.approx(
+        ref_aggregate(nll, [[1] * T] * B, "sequence_sum"), rel=1e-12
+    )
+    assert all_tokens.metrics["sft/perplexity"] == pytest.approx(
+        math.exp(ref_aggregate(nll, [[1] * T] * B, "token_mean"))
+    )
+
+
+# --- gradients ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "params", "advantage_kind", "with_ref"), CASES, ids=CASE_IDS)
+def test_policy_loss_gradient_matches_reference(name, params, advantage_kind, with_ref):
+    """Autograd through ``loss_from_logprobs`` vs central differences of the reference, whose
+    stop-gradient weights stay frozen at the unperturbed logprobs."""
+    _, _, advantages, generator_logprobs, ref_logprobs = case_inputs(name, params, advantage_kind, with_ref)
+    logprobs = (generator_logprobs + LOG_RATIO).requires_grad_()
+    loss_fn = build_loss(name, **params)
+    loss_fn.loss_from_logprobs(logprobs, advantages, generator_logprobs, MASK, ref_logprobs).loss.backward()
+
+    base = logprobs.tolist()
+    args = (
+        per_token(advantages),
+        generator_logprobs.tolist(),
+        MASK.tolist(),
+        None if ref_logprobs is None else ref_logprobs.tolist(),
+    )
+    step = 1e-6
+    for b in range(B):
+        for t in range(T):
+            shifted = []
+            for sign in (1, -1):
+                moved = [row[:] for row in base]
+                moved[b][t] += sign * step
+                shifted.append(ref_policy_loss(name, params, moved, *args, frozen=base)[0])
+            want = (shifted[0] - shifted[1]) / (2 * step)
+            assert logprobs.grad[b, t].item() == pytest.approx(want, abs=1e-8), (b, t)
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens():
+    _, _, generator_logprobs, _ = make_batch()
+    logprobs = (generator_logprobs + LOG_RATIO).requires_grad_()
+    CISPOLoss(clip_high=0.1).loss_from_logprobs(
+        logprobs, SEQ_ADVANTAGES, generator_logprobs, MASK
+    ).loss.backward()
+    tokens = int(MASK.sum())
+    # token (0, 1) has ratio e^0.3 > 1.1 with A = 1: PPO-clip would drop it, CISPO weighs it by 1.1
+    assert logprobs.grad[0, 1].item() == pytest.approx(-1.1 * 1.0 / tokens, rel=1e-12)
+
+
+@pytest.mark.parametrize("advantage", [1.0, -1.0])
+def test_grpo_clip_boundaries_at_the_loss_level(advantage):
+    """One token per sequence with ratios one step inside, on, and one step outside each edge."""
+    clip = 0.2
+    ratios = [r + d for r in (1 - clip, 1 + clip) for d in (-1e-9, 0.0, 1e-9)]
+    logprobs = torch.tensor([[math.log(r)] for r in ratios], dtype=torch.float64, requires_grad=True)
+    zeros = torch.zeros_like(logprobs)
+    advantages = torch.full((len(ratios),), advantage, dtype=torch.float64)
+    out = GRPOLoss(clip_low=clip, clip_high=clip).loss_from_logprobs(
+        logprobs, advantages, zeros, torch.ones_like(zeros)
+    )
+    out.loss.backward()
+    n = len(ratios)
+    for i, r in enumerate(ratios):
+        clipped = (advantage > 0 and r > 1 + clip + 1e-12) or (advantage < 0 and r < 1 - clip - 1e-12)
+        # d/dlogp of -r A / n is -r A / n; a clipped token has none
+        want = 0.0 if clipped else -r * advantage / n
+        assert logprobs.grad[i, 0].item() == pytest.approx(want, rel=1e-6, abs=1e-15), r
+    want_loss = sum(-min(r * advantage, min(max(r, 1 - clip), 1 + clip) * advantage) for r in ratios) / n
+    assert out.loss.item() == pytest.approx(want_loss, rel=1e-12)
+    assert out.metrics["loss/clip_frac_high" if advantage > 0 else "loss/clip_frac_low"] == pytest.approx(
+        1 / n
+    )
+
+
+def gradcheck_logits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 4, 5, generator=gen, dtype=torch.float64).requires_grad_()
+    targets = torch.randint(0, 5, (3, 4), generator=gen)
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 0], [0, 0, 1, 1]])
+    return logits, targets, mask
+
+
+def test_grpo_gradcheck():
+    logits, targets, mask = gradcheck_logits()
+    log_ratio = torch.tensor(
+        [[0, 0.5, -0.1, 0.05], [-0.6, 0.1, 0.4, 0], [0, 0, -0.3, 0.15]], dtype=torch.float64
+    )
+    with torch.no_grad():
+        logprobs = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
+    generator_logprobs = logprobs - log_ratio
+    ref_logprobs = logprobs - 0.2
+    advantages = torch.tensor([1.0, -0.5, 0.8], dtype=torch.float64)
+    loss_fn = GRPOLoss(beta=0.1)
+
+    def loss(x):
+        return loss_fn(x, targets, advantages, generator_logprobs, mask, ref_logprobs).loss
+
+    assert torch.autograd.gradcheck(loss, (logits,))
+
+
+def test_gspo_gradcheck():
+    logits, targets, mask = gradcheck_logits(seed=1)
+    with torch.no_grad():
+        logprobs = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
+    # sequence ratios e^0.2 (clipped for A > 0), e^-0.03 (inside) and e^0.05 (inside)
+    generator_logprobs = logprobs - torch.tensor(
+        [[0.0, 0.2, 0.2, 0.2], [-0.03] * 4, [0.0, 0.0, 0.05, 0.05]], dtype=torch.float64
+    )
+    advantages = torch.tensor([1.0, -0.5, 0.8], dtype=torch.float64)
+    loss_fn = GSPOLoss(clip_low=0.1, clip_high=0.1)
+
+    def loss(x):
+        return loss_fn(x, targets, advantages, generator_logprobs, mask).loss
+
+    assert torch.autograd.gradcheck(loss, (logits,))
+    assert loss_fn(logits, targets, advantages, generator_logprobs, mask).metrics["loss/clip_frac_high"] > 0
+
+
+def test_cispo_gradcheck():
+    """CISPO's weight is detached, so its loss value and its gradient disagree by design; holding
+    the log-ratio fixed under perturbation (generator logprobs move with the trainer's) makes the
+    weight a constant, and then finite differences must match autograd exactly."""
+    logits, targets, mask = gradcheck_logits(seed=2)
+    log_ratio = torch.tensor(
+        [[0, 0.5, -0.1, 0.05], [-0.6, 0.1, 0.4, 0], [0, 0, -0.3, 0.15]], dtype=torch.float64
+    )
+    advantages = torch.tensor([1.0, -0.5, 0.8], dtype=torch.float64)
+    loss_fn = CISPOLoss(clip_high=0.2)
+
+    def loss(x):
+        generator_logprobs = (
+            torch.log_softmax(x, -1).gather(-1, targets[..., None])[..., 0].detach() - log_ratio
+        )
+        return loss_fn(x, targets, advantages, generator_logprobs, mask).loss
+
+    assert torch.autograd.gradcheck(loss, (logits,))
+
+
+# --- masks --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [*LOSSES, "grpo_kl"])
+def test_padded_positions_change_nothing(name):
+    loss_fn = GRPOLoss(beta=0.1) if name == "grpo_kl" else build_loss(name)
+    logits, targets, generator_logprobs, ref_logprobs = make_batch()
+    advantages = TOKEN_ADVANTAGES.clone()
+
+    def run(logits, targets, advantages, generator_logprobs, ref_logprobs):
+        logits = logits.clone().requires_grad_()
+        out = loss_fn(logits, targets, advantages, generator_logprobs, MASK, ref_logprobs)
+        out.loss.backward()
+        return out, logits.grad
+
+    clean, clean_grad = run(logits, targets, advantages, generator_logprobs, ref_logprobs)
+    padded = MASK == 0
+    logits[padded] = torch.randn(int(padded.sum()), V, dtype=torch.float64) * 50
+    targets[padded] = -100
+    advantages[padded] = math.nan
+    generator_logprobs[padded] = -math.inf
+    ref_logprobs[padded] = math.nan
+    dirty, dirty_grad = run(logits, targets, advantages, generator_logprobs, ref_logprobs)
+
+    assert dirty.loss.item() == pytest.approx(clean.loss.item(), rel=1e-12, abs=1e-15)
+    assert dirty.metrics == pytest.approx(clean.metrics, rel=1e-12, abs=1e-15)
+    assert torch.isfinite(dirty_grad).all()
+    assert (dirty_grad[padded] == 0).all()
+    torch.testing.assert_close(dirty_grad[~padded], clean_grad[~padded], rtol=1e-12, atol=1e-15)
+
+
+# --- construction, registry, errors -------------------------------------------------------------
+
+
+def test_configs_reject_unknown_and_invalid_parameters():
+    with pytest.raises(ValueError, match="clip_lo"):
+        GRPOLoss(clip_lo=0.1)
+    with pytest.raises(ValueError, match="beta"):
+        build_loss("dapo", beta=0.1)  # DAPO has no KL term
+    with pytest.raises(ValueError, match="horizon"):
+        GRPOLoss(agg_type="token_mean", horizon=128)
+    with pytest.raises(ValueError, match="agg_type"):
+        GRPOLoss(agg_type="mean")
+    with pytest.raises(ValueError, match="clip_low"):
+        GRPOLoss(clip_low=1.5)
+    with pytest.raises(ValueError, match="temperature"):
+        CISPOLoss(temperature=0)
+
+
+def test_losses_are_built_from_a_mapping_a_config_or_a_name():
+    from_mapping = GRPOLoss.from_config({"clip_low": 0.1, "beta": 0.04})
+    assert (from_mapping.config.clip_low, from_mapping.config.beta, from_mapping.config.clip_high) == (
+        0.1,
+        0.04,
+        0.2,
+    )
+    assert GRPOLoss.from_config(GRPOLossConfig(beta=0.5)).config.beta == 0.5
+    built = build_loss("dapo", clip_high=0.3)
+    assert isinstance(built, DAPOLoss) and built.config.clip_high == 0.3
+    assert repr(GSPOLoss()).startswith("GSPOLoss(agg_type='sequence_mean'")
+    assert set(LOSSES) == {"grpo", "dapo", "gspo", "cispo", "reinforce", "sft"}
+
+
+def test_build_loss_names_the_unknown_loss_and_the_known_ones():
+    with pytest.raises(
+        ValueError, match=r"unknown loss 'ppo'; known losses: grpo, dapo, gspo, cispo, reinforce, sft"
+    ):
+        build_loss("ppo")
+
+
+def test_grpo_with_beta_needs_ref_logprobs():
+    logits, targets, generator_logprobs, _ = make_batch()
+    with pytest.raises(ValueError, match=r"GRPOLoss\(beta=0.1\) needs ref_logprobs"):
+        GRPOLoss(beta=0.1)(logits, targets, SEQ_ADVANTAGES, generator_logprobs, MASK)
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "message"),
+    [
+        ("targets", torch.zeros(B, T + 1, dtype=torch.long), r"logits \(3, 5, 6\), target_ids \(3, 6\)"),
+        ("mask", torch.ones(B, T + 1), r"target_ids \(3, 5\), loss_mask \(3, 6\)"),
+        ("generator", torch.zeros(B, T - 1), r"logprobs \(3, 5\), generator_logprobs \(3, 4\)"),
+        ("advantages", torch.zeros(B + 1), r"\[B, T\] = \(3, 5\), got \(4,\)"),
+        ("ref", torch.zeros(B, 2), r"ref_logprobs \(3, 2\)"),
+    ],
+)
+def test_policy_loss_shape_mismatch_names_the_shapes(field, bad, message):
+    logits, targets, generator_logprobs, ref_logprobs = make_batch()
+    inputs = {
+        "targets": targets,
+        "mask": MASK,
+        "generator": generator_logprobs,
+        "advantages": SEQ_ADVANTAGES,
+        "ref": ref_logprobs,
+    }
+    inputs[field] = bad
+    with pytest.raises(ValueError, match=message):
+        GRPOLoss(beta=0.1)(
+            logits,
+            inputs["targets"],
+            inputs["advantages"],
+            inputs["generator"],
+            inputs["mask"],
+            inputs["ref"],
+        )
+
+
+def test_sft_shape_mismatch_names_the_shapes():
+    logits, targets, _, _ = make_batch()
+    with pytest.raises(ValueError, match=r"target_ids \(3, 5\), loss_mask \(3, 4\)"):
+        SFTLoss()(logits, targets, loss_mask=MASK[:, :4])
+
+
+def test_loss_output_holds_detached_tensors_and_converts_them_once():
+    logits, targets, generator_logprobs, _ = make_batch()
+    out = GRPOLoss()(logits.requires_grad_(), targets, SEQ_ADVANTAGES, generator_logprobs, MASK)
+    assert isinstance(out, LossOutput) and out.loss.requires_grad and out.loss.dim() == 0
+    assert all(t.dim() == 0 and not t.requires_grad for t in out.metric_tensors.values())
+    assert all(type(v) is float for v in out.metrics.values())
+    assert out.metrics is out.metrics

@@ -69,3 +69,16 @@ class GenerationEngine(ABC):
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copies the weights into the engine's parameters in place. Raises ``ValueError``
         naming missing/unexpected keys and shape mismatches, before copying anything."""
+
+
+def check_model_dir(path: str, key: str) -> None:
+    """Fails early, naming the config key, when `path` is not a local Hugging Face model dir."""
+    import os
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"{key}: model directory '{path}' does not exist; point it at a local Hugging Face "
+            "directory (config.json, *.safetensors, tokenizer files)"
+        )
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"{key}: '{path}' has no config.json, so it is not a Hugging Face model directory")

@@ -21,7 +21,7 @@ import re
 
 import torch
 import torchstore as ts
-from monarch.actor import get_or_spawn_controller
+from monarch.actor import get_or_spawn_controller, this_host
 
 from forge.store._compat import AsyncController
 
@@ -48,14 +48,26 @@ def _manifest_key(version: int, prefix: str) -> str:
     return version_key(version, f"{prefix}_manifest")
 
 
+_volume_mesh = None
+
+
 async def initialize() -> None:
     """Starts the store (its controller and one storage volume). Call once per program."""
+    global _volume_mesh
     await get_or_spawn_controller(_STORE_NAME, AsyncController)
-    await ts.initialize(store_name=_STORE_NAME)
+    # Our own mesh for the storage volume (torchstore would spawn one it never stops).
+    _volume_mesh = this_host().spawn_procs(per_host={"procs": 1}, name="torchstore")
+    await _volume_mesh.initialized
+    await ts.initialize(store_name=_STORE_NAME, mesh=_volume_mesh)
 
 
 async def shutdown() -> None:
+    """Drops every stored version and stops the storage volume's process."""
+    global _volume_mesh
     await ts.shutdown(_STORE_NAME)
+    if _volume_mesh is not None:
+        await _volume_mesh.stop()
+        _volume_mesh = None
 
 
 async def put_state_dict(

@@ -1,0 +1,93 @@
+"""The GRPO app's configuration: one section per actor, validated at start-up."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from forge.actors.generator import GeneratorConfig
+from forge.actors.reward import RewardConfig
+from forge.actors.trainer import LossConfig
+from forge.config import ForgeConfigModel
+from forge.controller import ProvisionerConfig
+from forge.data.episode_buffer import ReplayBufferConfig
+from forge.data.prompts import PromptDataConfig
+from forge.engines.titan.config import TitanEngineConfig
+from forge.observability import MetricsConfig
+
+
+class TrainerSection(ForgeConfigModel):
+    procs: int = 1
+    engine: TitanEngineConfig
+    loss: LossConfig = LossConfig()
+
+
+class RolloutConfig(ForgeConfigModel):
+    threads: int = Field(2, ge=1, description="concurrent copies of the rollout loop")
+    prompts_per_step: int = Field(4, ge=1, description="prompts generated together in one batch")
+    group_size: int = Field(8, ge=2, description="completions per prompt (the GRPO group)")
+    skip_groups_without_signal: bool = True
+    advantage: Literal["grpo", "dr_grpo", "rloo", "none"] = "grpo"
+
+
+class ReferenceSection(ForgeConfigModel):
+    # auto: run the reference model only when the loss has a KL term (loss.params.beta > 0).
+    enabled: Literal["auto", "on", "off"] = "auto"
+
+
+class EvalConfig(ForgeConfigModel):
+    every: int = Field(
+        10, ge=0, description="evaluate every N steps (0: never); also before step 1 and at the end"
+    )
+    num_prompts: int = 200
+    max_tokens: int = 8
+    reward_fn: str = "exact_match"
+
+
+class WarmStartConfig(ForgeConfigModel):
+    # When the policy directory is missing, produce it first with this SFT config.
+    sft_config: str | None = None
+    sft_overrides: list[str] = []
+
+
+class GRPOConfig(ForgeConfigModel):
+    seed: int = 0
+    max_steps: int = 100
+    output_dir: str = "outputs/grpo"
+    policy_path: str
+    warm_start: WarmStartConfig = WarmStartConfig()
+    dataset: PromptDataConfig = PromptDataConfig()
+    generator: GeneratorConfig
+    trainer: TrainerSection
+    reference: ReferenceSection = ReferenceSection()
+    reward: RewardConfig = RewardConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    replay_buffer: ReplayBufferConfig = ReplayBufferConfig()
+    eval: EvalConfig = EvalConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    provisioner: ProvisionerConfig = ProvisionerConfig()
+    # Keep this many newest weight versions in the store (older ones are deleted).
+    keep_weight_versions: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GRPOConfig:
+        loss_temperature = self.trainer.loss.params.get("temperature", 1.0)
+        if loss_temperature != self.generator.sampling.temperature:
+            raise ValueError(
+                f"trainer.loss.params.temperature ({loss_temperature}) must equal "
+                f"generator.sampling.temperature ({self.generator.sampling.temperature}): the loss "
+                "recomputes the generator's logprobs and they must describe the same distribution"
+            )
+        if self.replay_buffer.dp_size != self.trainer.procs:
+            raise ValueError(
+                f"replay_buffer.dp_size ({self.replay_buffer.dp_size}) must equal trainer.procs "
+                f"({self.trainer.procs}): each trainer rank gets its own share of the batch"
+            )
+        return self
+
+    @property
+    def use_reference(self) -> bool:
+        if self.reference.enabled == "auto":
+            return float(self.trainer.loss.params.get("beta", 0.0)) > 0
+        return self.reference.enabled == "on"

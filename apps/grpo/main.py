@@ -1,0 +1,182 @@
+"""GRPO: continuous rollouts and continuous training, joined by the replay buffer.
+
+python -m apps.grpo.main --config configs/grpo/tiny_cpu.yaml [key=value ...]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from apps.grpo.config import GRPOConfig
+from forge import store
+from forge.actors.advantages import ComputeAdvantages
+from forge.actors.dataset import DatasetActor
+from forge.actors.generator import Generator
+from forge.actors.reference import ReferenceModel
+from forge.actors.replay_buffer import ReplayBuffer
+from forge.actors.reward import RewardActor
+from forge.actors.trainer import TitanTrainer
+from forge.config import parse_args, save_config
+from forge.controller import init_provisioner, shutdown
+from forge.data.rewards import get_reward_fn
+from forge.observability import Reduce, get_metric_logger, record_metric
+from forge.rollout import greedy_accuracy, rollout_step
+
+logger = logging.getLogger("apps.grpo")
+
+
+def ensure_warm_start(cfg: GRPOConfig) -> None:
+    """Runs the configured SFT recipe when the initial policy directory does not exist yet."""
+    if (Path(cfg.policy_path) / "config.json").exists() or cfg.warm_start.sft_config is None:
+        return
+    print(f"no initial policy at {cfg.policy_path}: training it with SFT ({cfg.warm_start.sft_config}) first")
+    command = [
+        sys.executable,
+        "-m",
+        "apps.sft.main",
+        "--config",
+        cfg.warm_start.sft_config,
+        *cfg.warm_start.sft_overrides,
+    ]
+    subprocess.run(command, check=True)
+
+
+def progress_line(step: int, row: dict, accuracy: float | None, step_s: float) -> str:
+    parts = [f"step {step:4d}", f"reward {row.get('rollout/reward', float('nan')):.3f}"]
+    if accuracy is not None:
+        parts.append(f"eval acc {accuracy:.3f}")
+    parts += [
+        f"policy age {row.get('buffer/policy_age_mean', float('nan')):.2f}",
+        f"gen {row.get('generator/tokens_per_s', float('nan')):.0f} tok/s",
+        f"sync {row.get('grpo/weight_sync_ms', float('nan')):.0f} ms",
+        f"{step_s:.2f} s/step",
+    ]
+    return " | ".join(parts)
+
+
+async def run(cfg: GRPOConfig) -> dict:
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    await init_provisioner(cfg.provisioner)
+    try:
+        return await _train(cfg)
+    finally:
+        await shutdown()
+
+
+async def _train(cfg: GRPOConfig) -> dict:
+    metric_logger = await get_metric_logger(cfg.metrics)
+    await store.initialize()
+
+    from transformers import AutoTokenizer
+
+    pad_id = AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
+    dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
+        DatasetActor.as_actor(cfg.dataset),
+        Generator.as_actor(cfg.generator),
+        TitanTrainer.options(procs=cfg.trainer.procs).as_actor(cfg.trainer.engine, cfg.trainer.loss),
+        ReplayBuffer.as_actor(cfg.replay_buffer, pad_id),
+        RewardActor.as_actor(cfg.reward),
+        ComputeAdvantages.as_actor(cfg.rollout.advantage),
+        ReferenceModel.as_actor(cfg.trainer.engine, cfg.generator.sampling.temperature)
+        if cfg.use_reference
+        else asyncio.sleep(0),
+    )
+    eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
+    score_fn = get_reward_fn(cfg.eval.reward_fn)
+    stop = asyncio.Event()
+
+    async def continuous_rollouts() -> None:
+        while not stop.is_set():
+            await rollout_step(
+                dataset=dataset,
+                generator=generator,
+                reward=reward,
+                advantages=advantages,
+                reference=reference,
+                replay_buffer=replay_buffer,
+                pad_id=pad_id,
+                prompts_per_step=cfg.rollout.prompts_per_step,
+                group_size=cfg.rollout.group_size,
+                skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
+            )
+
+    async def evaluate() -> float:
+        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens)
+
+    async def continuous_training() -> dict:
+        accuracy = await evaluate()
+        history = {"eval_accuracy": [(0, accuracy)], "generator_versions": []}
+        print(f"step    0 | eval acc {accuracy:.3f} (initial policy)", flush=True)
+        version = 0
+        for step in range(1, cfg.max_steps + 1):
+            started = time.perf_counter()
+            while (batch := await replay_buffer.sample.call_one(version)) is None:
+                await asyncio.sleep(0.05)
+            inputs, targets, episode_versions = batch
+            await trainer.train_step.call(inputs, targets)
+            version += 1
+            sync_started = time.perf_counter()
+            await trainer.push_weights.call(version)
+            await generator.update_weights.call_one(version)
+            history["generator_versions"].append(await generator.get_version.call_one())
+            record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
+            record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
+            for old in (await store.versions())[: -cfg.keep_weight_versions]:
+                await store.delete(old)
+            accuracy = None
+            if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
+                accuracy = await evaluate()
+                record_metric("eval/accuracy", accuracy, Reduce.MEAN)
+                history["eval_accuracy"].append((step, accuracy))
+            record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
+            row = await metric_logger.flush(step)
+            print(progress_line(step, row, accuracy, time.perf_counter() - started), flush=True)
+        return history
+
+    rollouts = [asyncio.create_task(continuous_rollouts()) for _ in range(cfg.rollout.threads)]
+    try:
+        training = asyncio.create_task(continuous_training())
+        done, _ = await asyncio.wait([training, *rollouts], return_when=asyncio.FIRST_COMPLETED)
+        if training not in done:  # a rollout loop died: surface its error
+            next(iter(done)).result()
+        history = training.result()
+    finally:
+        stop.set()
+        for task in rollouts:
+            task.cancel()
+        await asyncio.gather(*rollouts, return_exceptions=True)
+        await metric_logger.close()
+        await store.shutdown()
+    return history
+
+
+def main(argv: list[str] | None = None) -> dict:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cfg = parse_args(GRPOConfig, argv, description="GRPO training with forge")
+    ensure_warm_start(cfg)
+    started = time.perf_counter()
+    try:
+        history = asyncio.run(run(cfg))
+    except KeyboardInterrupt:
+        print("interrupted: actors stopped", file=sys.stderr)
+        raise SystemExit(130) from None
+    (first_step, first), (last_step, last) = history["eval_accuracy"][0], history["eval_accuracy"][-1]
+    print(
+        f"done in {time.perf_counter() - started:.0f} s: eval accuracy {first:.3f} (step {first_step}) "
+        f"-> {last:.3f} (step {last_step})"
+    )
+    return history
+
+
+if __name__ == "__main__":
+    main()

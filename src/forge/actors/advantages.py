@@ -1,0 +1,21 @@
+"""ComputeAdvantages: group-relative advantages of a group's rewards."""
+
+from __future__ import annotations
+
+import torch
+from monarch.actor import endpoint
+
+from forge.controller import ForgeActor
+from forge.observability import Reduce, record_metric
+from forge.rl.advantage import group_advantages, has_signal
+
+
+class ComputeAdvantages(ForgeActor):
+    def __init__(self, mode: str = "grpo"):
+        self.mode = mode
+
+    @endpoint
+    async def compute(self, rewards: list[float]) -> list[float]:
+        tensor = torch.tensor(rewards, dtype=torch.float32)
+        record_metric("advantage/groups_without_signal", 0 if has_signal(tensor) else 1, Reduce.SUM)
+        return group_advantages(tensor, mode=self.mode).tolist()

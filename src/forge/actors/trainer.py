@@ -1,0 +1,104 @@
+"""TitanTrainer: the policy's training step, weight publishing and checkpoints, as an actor."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from monarch.actor import current_rank, endpoint
+from pydantic import model_validator
+
+from forge import store
+from forge.config import ForgeConfigModel
+from forge.controller import ForgeActor
+from forge.engines.titan.config import TitanEngineConfig
+from forge.observability import Reduce, record_metric
+
+
+class LossConfig(ForgeConfigModel):
+    """`name` is a key of `forge.rl.losses.LOSSES`; `params` go to its config (typos fail)."""
+
+    name: str = "grpo"
+    params: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _build_once(self) -> LossConfig:
+        from forge.rl.losses import build_loss
+
+        build_loss(self.name, **self.params)  # fails at start-up, naming the bad name or key
+        return self
+
+
+class TitanTrainer(ForgeActor):
+    """Runs on `procs` ranks (data parallel); every endpoint is called on all ranks."""
+
+    def __init__(self, engine: TitanEngineConfig, loss: LossConfig):
+        self.engine_config = engine
+        self.loss_config = loss
+
+    @endpoint
+    async def setup(self) -> None:
+        from forge.engines.titan.engine import TitanEngine
+        from forge.rl.losses import build_loss
+
+        self.engine = TitanEngine(self.engine_config, trainable=True)
+        self.loss_fn = build_loss(self.loss_config.name, **self.loss_config.params)
+        self.rank = current_rank().rank
+
+    def _loss(self, logits, batch):
+        return self.loss_fn(
+            logits,
+            batch["target_ids"],
+            batch.get("advantages"),
+            batch.get("generator_logprobs"),
+            batch.get("loss_mask"),
+            ref_logprobs=batch.get("ref_logprobs"),
+        )
+
+    @endpoint
+    async def train_step(self, inputs: list[dict], targets: list[dict]) -> dict[str, float]:
+        """One optimizer step; `inputs[r]`/`targets[r]` is data-parallel rank r's share."""
+        batch = {**inputs[self.rank], **{k: v for k, v in targets[self.rank].items() if v is not None}}
+        metrics = self.engine.train_step(batch, self._loss)
+        if self.rank == 0:
+            for key, value in metrics.items():
+                record_metric(key, value, Reduce.MEAN)
+        return metrics
+
+    @endpoint
+    async def evaluate(self, inputs: list[dict], targets: list[dict]) -> dict[str, float]:
+        """The loss and its metrics on a batch, without a gradient step."""
+        batch = {**inputs[self.rank], **{k: v for k, v in targets[self.rank].items() if v is not None}}
+        out = self._loss(
+            self.engine.forward(batch["tokens"]), {k: v.to(self.engine.device) for k, v in batch.items()}
+        )
+        return {
+            "eval/loss": out.loss.item(),
+            **{f"eval/{k.split('/', 1)[-1]}": v for k, v in out.metrics.items()},
+        }
+
+    @endpoint
+    async def push_weights(self, version: int) -> None:
+        """Publishes the current weights (HF names) to the store as `version`."""
+        state_dict = self.engine.hf_state_dict()  # a collective: every rank gathers
+        if self.rank == 0:
+            started = time.perf_counter()
+            await store.put_state_dict(version, state_dict)
+            record_metric("trainer/push_weights_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+
+    @endpoint
+    async def save(self, extra_state: dict | None = None) -> str:
+        return str(self.engine.save(extra_state))
+
+    @endpoint
+    async def load(self, step: int | None = None) -> dict:
+        return self.engine.load(step)
+
+    @endpoint
+    async def latest_checkpoint(self) -> int | None:
+        return self.engine.latest_step()
+
+    @endpoint
+    async def export_hf(self, out_dir: str, tokenizer_dir: str | None = None) -> str:
+        """Writes a Hugging Face directory (every rank gathers, rank 0 writes)."""
+        return str(self.engine.export_hf(out_dir, tokenizer_dir))

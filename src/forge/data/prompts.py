@@ -1,0 +1,87 @@
+"""Prompts (and targets) for RL, with a resumable cursor.
+
+Rows come from the embedded toy task (`source: toy_task`) or a local JSON/JSONL/Parquet
+file with a prompt and a target column. Each epoch visits every training row once in an
+order drawn from (seed, epoch), so `state_dict()` (epoch, position) fully determines what
+comes next.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Literal
+
+from forge.config import ForgeConfigModel
+from forge.data.toy_task import ToyTaskConfig, make_splits
+
+Row = dict[str, str]
+
+
+class PromptDataConfig(ForgeConfigModel):
+    source: Literal["toy_task", "file"] = "toy_task"
+    toy_task: ToyTaskConfig = ToyTaskConfig()
+    # For source=file: local files with `prompt_column` and `target_column`.
+    path: str | None = None
+    eval_path: str | None = None
+    prompt_column: str = "prompt"
+    target_column: str = "target"
+    seed: int = 0
+
+
+def _load_file(path: str, cfg: PromptDataConfig) -> list[Row]:
+    from forge.data.sft_loading import load_split
+
+    dataset = load_split(path, "train")
+    missing = [c for c in (cfg.prompt_column, cfg.target_column) if c not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"{path}: missing column(s) {missing}; it has {dataset.column_names} "
+            "(set dataset.prompt_column / dataset.target_column)"
+        )
+    return [{"prompt": str(r[cfg.prompt_column]), "target": str(r[cfg.target_column])} for r in dataset]
+
+
+def load_prompt_rows(cfg: PromptDataConfig) -> tuple[list[Row], list[Row]]:
+    """(train rows, eval rows); each row is {"prompt", "target"}."""
+    if cfg.source == "toy_task":
+        train, evaluation = make_splits(cfg.toy_task)
+    else:
+        if cfg.path is None:
+            raise ValueError("dataset.path is required when dataset.source is 'file'")
+        train = _load_file(cfg.path, cfg)
+        evaluation = _load_file(cfg.eval_path, cfg) if cfg.eval_path else []
+    if not train:
+        where = cfg.path if cfg.source == "file" else "the toy task (dataset.toy_task.num_train)"
+        raise ValueError(f"the training prompt set from {where} is empty: there is nothing to train on")
+    return [{"prompt": r["prompt"], "target": r["target"]} for r in train], [
+        {"prompt": r["prompt"], "target": r["target"]} for r in evaluation
+    ]
+
+
+class PromptCursor:
+    """Endless, seeded, resumable iteration over rows."""
+
+    def __init__(self, rows: list[Row], seed: int):
+        self.rows, self.seed = rows, seed
+        self.epoch, self.position = 0, 0
+        self._order = self._shuffled(0)
+
+    def _shuffled(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        random.Random(f"{self.seed}-{epoch}").shuffle(order)
+        return order
+
+    def next(self) -> Row:
+        if self.position == len(self._order):
+            self.epoch, self.position = self.epoch + 1, 0
+            self._order = self._shuffled(self.epoch)
+        row = self.rows[self._order[self.position]]
+        self.position += 1
+        return row
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
+        self._order = self._shuffled(self.epoch)

@@ -1,0 +1,99 @@
+"""One rollout step of GRPO-style training, over actor handles: prompts -> scored episodes.
+
+Kept out of the app so that other recipes (and users' environments) can reuse it; every
+call goes to an actor handle (`call_one`) or a service endpoint (`route`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from forge.data.episode_batch import collate_episodes, response_logprobs
+from forge.data.types import Completion, Episode
+from forge.observability import Reduce, record_metric
+
+
+def _call(endpoint):
+    """`route` for a service endpoint, `call_one` for a single actor's."""
+    return endpoint.route if hasattr(endpoint, "route") else endpoint.call_one
+
+
+async def score_group(rows_target: str, completions: list[Completion], reward, advantages) -> list[Episode]:
+    """Rewards, then group-relative advantages, for the completions of one prompt."""
+    prompt = completions[0].prompt
+    scores = await _call(reward.evaluate_group)(prompt, [c.text for c in completions], rows_target)
+    values = await _call(advantages.compute)([total for total, _ in scores])
+    group_id = uuid.uuid4().hex
+    return [
+        Episode(c, rows_target, group_id, reward=total, reward_breakdown=breakdown, advantage=adv)
+        for c, (total, breakdown), adv in zip(completions, scores, values, strict=True)
+    ]
+
+
+async def add_reference_logprobs(episodes: list[Episode], reference, pad_id: int) -> None:
+    """Fills `ref_logprobs` of each episode from the reference model (one batched call)."""
+    inputs, targets = collate_episodes(episodes, pad_id)
+    logprobs = await _call(reference.forward)(inputs["tokens"], targets["target_ids"])
+    rows = response_logprobs(logprobs, [e.prompt_len for e in episodes], [e.response_len for e in episodes])
+    for episode, row in zip(episodes, rows, strict=True):
+        episode.ref_logprobs = row
+
+
+def has_signal(episodes: list[Episode]) -> bool:
+    return len({e.reward for e in episodes}) > 1
+
+
+async def rollout_step(
+    *,
+    dataset,
+    generator,
+    reward,
+    advantages,
+    reference,
+    replay_buffer,
+    pad_id: int,
+    prompts_per_step: int,
+    group_size: int,
+    skip_groups_without_signal: bool,
+) -> int:
+    """Samples prompts, generates a group per prompt, scores it and adds it to the buffer.
+
+    Returns the number of episodes added. A group whose rewards are all equal has zero
+    advantage everywhere: with `skip_groups_without_signal` it is not added (DAPO's dynamic
+    sampling), and counted in `rollout/groups_skipped`.
+    """
+    rows = [await _call(dataset.sample)() for _ in range(prompts_per_step)]
+    groups = await _call(generator.generate_batch)([r["prompt"] for r in rows], n=group_size)
+    scored = await asyncio.gather(
+        *(
+            score_group(row["target"], group, reward, advantages)
+            for row, group in zip(rows, groups, strict=True)
+        )
+    )
+    kept = [g for g in scored if has_signal(g) or not skip_groups_without_signal]
+    record_metric("rollout/groups_skipped", len(scored) - len(kept), Reduce.SUM)
+    record_metric("rollout/groups", len(scored), Reduce.SUM)
+    episodes = [e for g in kept for e in g]
+    for e in (e for g in scored for e in g):
+        record_metric("rollout/response_len", e.response_len, Reduce.MEAN)
+        record_metric("rollout/reward", e.reward, Reduce.MEAN)
+    if not episodes:
+        return 0
+    if reference is not None:
+        await add_reference_logprobs(episodes, reference, pad_id)
+    await _call(replay_buffer.add_many)(episodes)
+    return len(episodes)
+
+
+async def greedy_accuracy(generator, rows: list[dict], score_fn, max_tokens: int) -> float:
+    """Fraction of `rows` whose greedy completion scores 1.0 under `score_fn`."""
+    if not rows:
+        return float("nan")
+    groups = await _call(generator.generate_batch)(
+        [r["prompt"] for r in rows], n=1, temperature=0.0, max_tokens=max_tokens
+    )
+    correct = sum(
+        score_fn(r["prompt"], g[0].text, r["target"]) == 1.0 for r, g in zip(rows, groups, strict=True)
+    )
+    return correct / len(rows)

@@ -1,0 +1,93 @@
+"""Replay-buffer logic and episode collation, in one process."""
+
+import pytest
+import torch
+
+from forge.data.episode_batch import collate_episodes, response_logprobs
+from forge.data.episode_buffer import EpisodeBuffer, ReplayBufferConfig
+from forge.data.types import Completion, Episode
+from forge.observability.collector import pop_state
+
+
+def episode(version: int, prompt=(1, 5, 6), response=(7, 8, 2), advantage=0.5, ref=None) -> Episode:
+    completion = Completion(
+        prompt="p",
+        prompt_ids=list(prompt),
+        response_ids=list(response),
+        logprobs=[-0.1 * (i + 1) for i in range(len(response))],
+        text="r",
+        stop_reason="stop",
+        policy_version=version,
+    )
+    return Episode(completion, target="t", group_id="g", advantage=advantage, ref_logprobs=ref)
+
+
+def test_collate_places_response_tokens_and_logprobs_at_the_shifted_positions():
+    a = episode(0, prompt=(1, 5, 6), response=(7, 8, 2), ref=[-1.0, -2.0, -3.0])
+    b = episode(0, prompt=(1, 9), response=(4,), advantage=-1.0, ref=[-4.0])
+    inputs, targets = collate_episodes([a, b], pad_id=0)
+    # Row a: sequence 1 5 6 7 8 2 -> tokens 1 5 6 7 8, targets 5 6 7 8 2, response targets at 2..4.
+    assert inputs["tokens"].tolist() == [[1, 5, 6, 7, 8], [1, 9, 0, 0, 0]]
+    assert targets["target_ids"].tolist() == [[5, 6, 7, 8, 2], [9, 4, 0, 0, 0]]
+    assert targets["loss_mask"].tolist() == [[0, 0, 1, 1, 1], [0, 1, 0, 0, 0]]
+    assert targets["generator_logprobs"][0, 2:].tolist() == pytest.approx([-0.1, -0.2, -0.3])
+    assert targets["ref_logprobs"][1].tolist() == [0.0, -4.0, 0.0, 0.0, 0.0]
+    assert targets["advantages"].tolist() == [0.5, -1.0]
+    # Every masked target is a response token, in order.
+    for row, ep in enumerate([a, b]):
+        masked = targets["target_ids"][row][targets["loss_mask"][row].bool()].tolist()
+        assert masked == ep.completion.response_ids
+    logprobs = torch.arange(10, dtype=torch.float32).reshape(2, 5)
+    assert response_logprobs(logprobs, [3, 2], [3, 1]) == [[2.0, 3.0, 4.0], [6.0]]
+
+
+def test_collate_without_reference_leaves_ref_logprobs_none():
+    _, targets = collate_episodes([episode(0), episode(0, ref=[0.0, 0.0, 0.0])], pad_id=0)
+    assert targets["ref_logprobs"] is None
+
+
+def test_sample_evicts_stale_episodes_counts_them_and_splits_per_rank():
+    pop_state()
+    buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=4, max_policy_age=1, dp_size=2, seed=3))
+    for v in (0, 0, 1, 1, 2, 2, 2):
+        buffer.add(episode(v))
+    assert buffer.sample(curr_policy_version=2) is not None  # ages 0..2: the two v0 are evicted
+    state = pop_state()
+    assert state["buffer/evicted_stale"].value() == 2
+    assert state["buffer/policy_age_max"].value() <= 1
+    assert len(buffer) == 1  # 5 fresh, 4 sampled: each episode is trained on at most once
+
+
+def test_sample_returns_none_until_a_full_batch_is_fresh():
+    buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=2, max_policy_age=0))
+    buffer.add(episode(0))
+    assert buffer.sample(0) is None
+    buffer.add(episode(0))
+    per_rank = buffer.sample(0)
+    assert [len(r) for r in per_rank] == [2]
+    buffer.add(episode(0))
+    buffer.add(episode(0))
+    assert buffer.sample(1) is None and len(buffer) == 0  # too old for max_policy_age=0
+
+
+def test_state_dict_round_trip_gives_the_same_samples():
+    first = EpisodeBuffer(ReplayBufferConfig(batch_size=2, max_policy_age=5, seed=1))
+    for i in range(6):
+        first.add(episode(0, advantage=float(i)))
+    second = EpisodeBuffer(ReplayBufferConfig(batch_size=2, max_policy_age=5, seed=99))
+    second.load_state_dict(first.state_dict())
+    for _ in range(3):
+        a, b = first.sample(0), second.sample(0)
+        assert [e.advantage for e in a[0]] == [e.advantage for e in b[0]]
+
+
+def test_full_buffer_refuses_instead_of_dropping():
+    buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=1, max_size=1))
+    buffer.add(episode(0))
+    with pytest.raises(RuntimeError, match="replay buffer is full"):
+        buffer.add(episode(0))
+
+
+def test_batch_size_must_split_across_ranks():
+    with pytest.raises(ValueError, match="divisible by dp_size"):
+        EpisodeBuffer(ReplayBufferConfig(batch_size=3, dp_size=2))

@@ -1,0 +1,66 @@
+"""Fixtures for GRPO tests: a tiny random policy exported as a local HF directory, and a config."""
+
+from pathlib import Path
+
+import pytest
+
+from forge.data.tokenizer import embedded_tokenizer
+from forge.engines.titan.config import TitanEngineConfig
+from forge.engines.titan.engine import TitanEngine
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tmp_path_factory) -> Path:
+    return export_tiny_policy(tmp_path_factory.mktemp("tiny_policy"))
+
+
+def export_tiny_policy(root: Path, seed: int = 0) -> Path:
+    """A randomly initialised `tiny` qwen3 with the embedded tokenizer, as transformers expects."""
+    tokenizer = embedded_tokenizer()
+    tokenizer_dir = root / "tokenizer"
+    tokenizer.save_pretrained(tokenizer_dir)
+    engine = TitanEngine(
+        TitanEngineConfig.model_validate(
+            {
+                "model": {"flavor": "tiny", "vocab_size": len(tokenizer)},
+                "training": {"seed": seed, "seq_len": 64},
+            }
+        ),
+        trainable=False,
+    )
+    return engine.export_hf(root / "policy", tokenizer_dir)
+
+
+@pytest.fixture
+def write_grpo_config(tiny_policy, tmp_path):
+    """Writes a small GRPO config for `tiny_policy` and returns its path; `extra` adds lines."""
+
+    def write(**extra: str) -> Path:
+        path = tmp_path / "grpo.yaml"
+        path.write_text(grpo_yaml(tiny_policy, tmp_path / "run", len(embedded_tokenizer()), **extra))
+        return path
+
+    return write
+
+
+def grpo_yaml(policy: Path, out: Path, vocab_size: int, **extra: str) -> str:
+    """A small but complete GRPO config for tests (every actor, few steps)."""
+    lines = [
+        f"policy_path: {policy}",
+        f"output_dir: {out}",
+        "max_steps: 3",
+        "dataset: {toy_task: {num_train: 200, num_eval: 20}}",
+        "generator: {model_path: '${policy_path}', sampling: {max_tokens: 4, temperature: 1.0}}",
+        "trainer:",
+        "  engine:",
+        f"    model: {{flavor: tiny, hf_path: '${{policy_path}}', vocab_size: {vocab_size}}}",
+        "    training: {seq_len: 64}",
+        "    optimizer: {lr: 0.01}",
+        "  loss: {name: grpo, params: {beta: 0.05}}",
+        "rollout: {threads: 2, prompts_per_step: 2, group_size: 4, skip_groups_without_signal: false}",
+        "replay_buffer: {batch_size: 8, max_policy_age: 1}",
+        "eval: {every: 1, num_prompts: 8, max_tokens: 4}",
+        f"metrics: {{console: false, jsonl_path: {out}/metrics.jsonl}}",
+    ]
+    lines += [f"{k}: {v}" for k, v in extra.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,53 @@
+"""The real GRPO loop for a few steps: every actor in its own process, the real store."""
+
+import json
+import time
+
+import psutil
+from apps.grpo.main import main
+
+
+def _children_after(timeout: float) -> list[psutil.Process]:
+    deadline = time.time() + timeout
+    while True:
+        children = [
+            c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE
+        ]
+        if not children or time.time() > deadline:
+            return children
+        time.sleep(0.2)
+
+
+def test_few_steps_of_the_real_loop(write_grpo_config, tmp_path):
+    config = write_grpo_config()
+    history = main(["--config", str(config)])
+
+    # The generator loads every version the trainer publishes, one per step.
+    assert history["generator_versions"] == [1, 2, 3]
+    assert [s for s, _ in history["eval_accuracy"]] == [0, 1, 2, 3]
+
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        # Every trained episode was produced by a policy at most max_policy_age (1) versions old.
+        assert row["buffer/policy_age_max"] <= 1
+        assert row["grpo/trained_policy_age_max"] <= 1
+        for key in (
+            "loss/pg",
+            "loss/kl",
+            "loss/ratio_mean",
+            "loss/clip_frac_low",
+            "train/grad_norm",
+            "train/lr",
+            "generator/tokens_per_s",
+            "generator/weight_sync_ms",
+            "reward/total",
+            "rollout/reward",
+            "buffer/size",
+            "grpo/weight_sync_ms",
+            "eval/accuracy",
+        ):
+            assert key in row, f"metrics row of step {row['step']} has no '{key}'"
+    assert (tmp_path / "run" / "config.yaml").exists()
+    # Shutdown stopped every actor process.
+    assert _children_after(15) == []

@@ -25,7 +25,9 @@ from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
 from forge.config import parse_args, save_config
 from forge.controller import init_provisioner, shutdown
+from forge.data.prompts import load_prompt_rows
 from forge.data.rewards import get_reward_fn
+from forge.engines.generation import check_model_dir
 from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.rollout import greedy_accuracy, rollout_step
 
@@ -46,6 +48,12 @@ def ensure_warm_start(cfg: GRPOConfig) -> None:
         *cfg.warm_start.sft_overrides,
     ]
     subprocess.run(command, check=True)
+
+
+def check_inputs(cfg: GRPOConfig) -> None:
+    """Fails before any process starts on what would otherwise fail deep inside an actor."""
+    check_model_dir(cfg.policy_path, "policy_path")
+    load_prompt_rows(cfg.dataset)  # raises on a missing column or an empty prompt set
 
 
 def progress_line(step: int, row: dict, accuracy: float | None, step_s: float) -> str:
@@ -164,6 +172,11 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_args(GRPOConfig, argv, description="GRPO training with forge")
     ensure_warm_start(cfg)
+    try:
+        check_inputs(cfg)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     started = time.perf_counter()
     try:
         history = asyncio.run(run(cfg))

@@ -101,3 +101,34 @@ def test_registry():
         ValueError, match=r"'exact_mach'.*\['exact_match', 'format', 'math_answer', 'toy_task'\]"
     ):
         get_reward_fn("exact_mach")
+
+
+def _raises_on_odd(prompt: str, response: str, target: str) -> float:
+    if int(target) % 2:
+        raise RuntimeError("odd targets break this reward")
+    return 1.0
+
+
+def test_scorer_gives_error_reward_counts_and_goes_on():
+    from forge.data.rewards import RewardScorer
+    from forge.observability.collector import pop_state
+
+    pop_state()
+    scorer = RewardScorer([("toy_task", 1.0), (f"{__name__}:_raises_on_odd", 0.5)], error_reward=-1.0)
+    assert scorer.score("1+2=", "3", "3") == (
+        1.0 - 0.5,
+        {"toy_task": 1.0, f"{__name__}:_raises_on_odd": -1.0},
+    )
+    assert scorer.score("1+1=", "2", "2") == (1.0 + 0.5, {"toy_task": 1.0, f"{__name__}:_raises_on_odd": 1.0})
+    state = pop_state()
+    assert state[f"reward/{__name__}:_raises_on_odd/errors"].value() == 1
+    assert state["reward/total"].value() == 0.5 * (0.5 + 1.5)
+
+
+def test_import_path_errors_name_the_path():
+    from forge.data.rewards import get_reward_fn
+
+    with pytest.raises(ValueError, match="'no_such_module:fn' cannot be imported"):
+        get_reward_fn("no_such_module:fn")
+    with pytest.raises(ValueError, match="'math:pi' is a float, not a callable"):
+        get_reward_fn("math:pi")

@@ -78,6 +78,14 @@ class TitanTrainer(ForgeActor):
         }
 
     @endpoint
+    async def compute_logprobs(self, tokens, target_ids, temperature: float = 1.0):
+        """`[B, T]` logprobs of `target_ids` under the current policy (no gradient)."""
+        from forge.rl.ops import compute_logprobs
+
+        logits = self.engine.forward(tokens)
+        return compute_logprobs(logits, target_ids.to(logits.device), temperature).cpu()
+
+    @endpoint
     async def push_weights(self, version: int) -> None:
         """Publishes the current weights (HF names) to the store as `version`."""
         state_dict = self.engine.hf_state_dict()  # a collective: every rank gathers

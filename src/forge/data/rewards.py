@@ -1,6 +1,7 @@
 """Reward functions: plain callables ``fn(prompt, response, target) -> float``.
 
-Register new ones in ``REWARD_FUNCTIONS``; configs name them by their key there.
+Configs name them by their key in ``REWARD_FUNCTIONS``, or by import path
+(``"mypackage.rewards:my_reward"``) for a user's own.
 
 | name          | values                                                                       |
 |---------------|------------------------------------------------------------------------------|
@@ -10,10 +11,16 @@ Register new ones in ``REWARD_FUNCTIONS``; configs name them by their key there.
 | `toy_task`    | 1.0 for the right number (bare or in `<answer>` tags), 0.1 for a wrong but well-formed integer, 0.0 otherwise |
 """
 
+import importlib
+import logging
 import math
 import re
 from collections.abc import Callable
 from fractions import Fraction
+
+from forge.observability import Reduce, record_metric
+
+logger = logging.getLogger(__name__)
 
 RewardFn = Callable[[str, str, str], float]
 
@@ -127,10 +134,50 @@ REWARD_FUNCTIONS: dict[str, RewardFn] = {
 
 
 def get_reward_fn(name: str) -> RewardFn:
+    """A built-in reward by name, or a user's as ``"package.module:function"``.
+
+    An import path is resolved in whichever process scores, so the module must be
+    importable there (installed, or on PYTHONPATH).
+    """
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"reward function {name!r} cannot be imported: {e}") from None
+        if not callable(fn):
+            raise ValueError(f"reward function {name!r} is a {type(fn).__name__}, not a callable")
+        return fn
     try:
         return REWARD_FUNCTIONS[name]
     except KeyError:
         raise ValueError(
-            f"unknown reward function {name!r}; known: {sorted(REWARD_FUNCTIONS)} "
-            "(add new ones to forge.data.rewards.REWARD_FUNCTIONS)"
+            f"unknown reward function {name!r}; known: {sorted(REWARD_FUNCTIONS)}, "
+            "or give your own as 'package.module:function'"
         ) from None
+
+
+class RewardScorer:
+    """Scores responses with weighted reward functions; a function that raises scores
+    ``error_reward`` for that response, is logged and counted in ``reward/<name>/errors``,
+    and the run goes on."""
+
+    def __init__(self, functions: list[tuple[str, float]], error_reward: float = 0.0):
+        self.functions = [(name, weight, get_reward_fn(name)) for name, weight in functions]
+        self.error_reward = error_reward
+
+    def score(self, prompt: str, response: str, target: str) -> tuple[float, dict[str, float]]:
+        """(weighted total, {function name: its value})."""
+        total, breakdown = 0.0, {}
+        for name, weight, fn in self.functions:
+            try:
+                value = float(fn(prompt, response, target))
+            except Exception:
+                logger.exception("reward function '%s' raised on response %r", name, response[:200])
+                record_metric(f"reward/{name}/errors", 1, Reduce.SUM)
+                value = self.error_reward
+            breakdown[name] = value
+            record_metric(f"reward/{name}", value, Reduce.MEAN)
+            total += weight * value
+        record_metric("reward/total", total, Reduce.MEAN)
+        return total, breakdown

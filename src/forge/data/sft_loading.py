@@ -29,6 +29,9 @@ def load_split(path: str, split: str) -> datasets.Dataset:
                 f"{path}: unsupported file extension {local.suffix!r}; "
                 f"expected one of {', '.join(sorted(BUILDER_BY_EXTENSION))}"
             )
+        if local.stat().st_size == 0:
+            # `datasets` fails on an empty file with an unrelated-looking StopIteration.
+            raise ValueError(f"{path}: the file is empty: there is nothing to train on")
         dataset = datasets.load_dataset(builder, data_files=str(local), split=split)
     else:
         dataset = datasets.load_dataset(path, split=split)

@@ -1,0 +1,63 @@
+"""Bad input to the GRPO app fails at start-up with a message naming what to fix."""
+
+import pytest
+from apps.grpo.main import main
+
+
+def run_expecting_exit(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_missing_model_path(write_grpo_config, tmp_path, capsys):
+    missing = tmp_path / "no_such_policy"
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), f"policy_path={missing}"])
+    assert f"policy_path: model directory '{missing}' does not exist" in err
+
+
+def test_empty_dataset(write_grpo_config, tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "dataset.source=file", f"dataset.path={empty}"]
+    )
+    assert str(empty) in err and "empty" in err
+
+
+def test_dataset_file_without_target_column(write_grpo_config, tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "dataset.source=file", f"dataset.path={rows}"]
+    )
+    assert str(rows) in err and "target" in err and "dataset.target_column" in err
+
+
+def test_unknown_loss_name(write_grpo_config, capsys):
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), "trainer.loss.name=grpoo"])
+    assert "trainer.loss" in err and "unknown loss 'grpoo'" in err and "grpo, dapo" in err
+
+
+def test_misspelled_loss_parameter(write_grpo_config, capsys):
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "trainer.loss.params.clip_lo=0.1"]
+    )
+    assert "clip_lo" in err
+
+
+def test_unknown_reward_function(write_grpo_config, capsys):
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "reward.functions=[{name: exact_matc}]"]
+    )
+    assert "unknown reward function 'exact_matc'" in err
+
+
+def test_temperature_mismatch(write_grpo_config, capsys):
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "generator.sampling.temperature=0.7"]
+    )
+    assert "must equal generator.sampling.temperature" in err

@@ -88,14 +88,19 @@ async def _train(cfg: GRPOConfig) -> dict:
     from transformers import AutoTokenizer
 
     pad_id = AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
+    gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
     dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
-        Generator.as_actor(cfg.generator),
-        TitanTrainer.options(procs=cfg.trainer.procs).as_actor(cfg.trainer.engine, cfg.trainer.loss),
+        Generator.options(with_gpus=gpus).as_actor(cfg.generator),
+        TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus).as_actor(
+            cfg.trainer.engine, cfg.trainer.loss
+        ),
         ReplayBuffer.as_actor(cfg.replay_buffer, pad_id),
         RewardActor.as_actor(cfg.reward),
         ComputeAdvantages.as_actor(cfg.rollout.advantage),
-        ReferenceModel.as_actor(cfg.trainer.engine, cfg.generator.sampling.temperature)
+        ReferenceModel.options(with_gpus=gpus).as_actor(
+            cfg.trainer.engine, cfg.generator.sampling.temperature
+        )
         if cfg.use_reference
         else asyncio.sleep(0),
     )

@@ -26,21 +26,16 @@ logger = logging.getLogger(__name__)
 class GeneratorConfig(ForgeConfigModel):
     # A local Hugging Face directory (config.json, *.safetensors, tokenizer files).
     model_path: str
-    engine: Literal["hf", "vllm"] = "hf"
+    # The engine behind the `GenerationEngine` interface. Only the native transformers engine
+    # exists so far; a vLLM engine plugs in here by implementing the same interface.
+    engine: Literal["hf"] = "hf"
     dtype: Literal["float32", "bfloat16"] = "float32"
     sampling: SamplingParams = SamplingParams()
-    # Engine-specific options (e.g. vLLM's tensor_parallel_size, gpu_memory_utilization).
-    engine_options: dict[str, Any] = {}
 
 
 def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None):
-    """The engine named by `cfg.engine`; vLLM is imported only when asked for."""
+    """The engine named by `cfg.engine` (engines are imported lazily, only when chosen)."""
     import torch
-
-    if cfg.engine == "vllm":
-        from forge.engines.vllm_engine import VLLMEngine
-
-        return VLLMEngine(cfg.model_path, dtype=cfg.dtype, eos_token_id=eos_token_id, **cfg.engine_options)
     from transformers import AutoModelForCausalLM
 
     from forge.engines.hf_generate import HFGenerateEngine

@@ -1,0 +1,80 @@
+"""The SFT app's configuration: validated at start-up, before any process starts."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from forge.actors.trainer import LossConfig
+from forge.config import ForgeConfigModel
+from forge.data.rewards import REWARD_FUNCTIONS
+from forge.engines.titan.config import TitanEngineConfig
+from forge.recipes.sft import SFTRecipeDataConfig
+
+
+class TrainerSection(ForgeConfigModel):
+    procs: int = Field(1, ge=1, description="data-parallel trainer processes (one proc mesh)")
+    threads: int | None = Field(
+        None, ge=1, description="torch threads per trainer process; default: the CPU cores / procs"
+    )
+    engine: TitanEngineConfig = TitanEngineConfig()
+    loss: LossConfig = LossConfig(name="sft")
+
+
+class GenerationEvalConfig(ForgeConfigModel):
+    """Greedy generation on the eval split's prompts with the exported model, scored by a reward
+    function: the fraction that gets the full reward is the run's final exact-match accuracy."""
+
+    reward_fn: str = "toy_task"
+    max_tokens: int = Field(8, ge=1)
+    num_prompts: int | None = Field(None, ge=1, description="the first N eval prompts; all when unset")
+    target_column: str = "target"
+
+    @model_validator(mode="after")
+    def _known_reward(self) -> GenerationEvalConfig:
+        if self.reward_fn not in REWARD_FUNCTIONS:
+            raise ValueError(f"unknown reward function {self.reward_fn!r}; known: {sorted(REWARD_FUNCTIONS)}")
+        return self
+
+
+class SFTConfig(ForgeConfigModel):
+    run_dir: str = Field(description="checkpoints, metrics.jsonl, config.yaml and written data go here")
+    tokenizer_path: str | None = Field(
+        None, description="a local tokenizer dir or hub id; with data.embedded_task the embedded one is used"
+    )
+    max_steps: int = Field(ge=1)
+    log_every: int = Field(10, ge=1, description="print a progress line every N steps")
+    eval_every: int = Field(
+        0, ge=0, description="held-out loss every N steps (0: only before step 1 and at the end)"
+    )
+    eval_batch_size: int | None = Field(None, ge=1, description="default: data.batch_size")
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
+    resume: bool = Field(False, description="continue from the latest checkpoint in the run's folder")
+    export_dir: str | None = Field(None, description="Hugging Face directory written at the end")
+    trainer: TrainerSection = TrainerSection()
+    data: SFTRecipeDataConfig
+    generation_eval: GenerationEvalConfig | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SFTConfig:
+        if self.trainer.loss.name != "sft":
+            raise ValueError(
+                f"trainer.loss.name must be 'sft' in the SFT app, got {self.trainer.loss.name!r}"
+            )
+        if self.data.embedded_task is not None and self.tokenizer_path is not None:
+            raise ValueError("data.embedded_task brings its own tokenizer: leave tokenizer_path unset")
+        if self.data.batch_size % self.trainer.procs:
+            raise ValueError(
+                f"data.batch_size ({self.data.batch_size}) must be a multiple of trainer.procs "
+                f"({self.trainer.procs}): each data-parallel rank trains on an equal share"
+            )
+        if self.data.max_seq_len > self.trainer.engine.training.seq_len:
+            raise ValueError(
+                f"data.max_seq_len ({self.data.max_seq_len}) exceeds trainer.engine.training.seq_len "
+                f"({self.trainer.engine.training.seq_len}), the longest sequence the model accepts"
+            )
+        if self.generation_eval is not None:
+            if self.export_dir is None:
+                raise ValueError("generation_eval runs on the exported model: set export_dir")
+            if self.data.embedded_task is None and self.data.eval_path is None:
+                raise ValueError("generation_eval reads prompts and targets from data.eval_path: set it")
+        return self

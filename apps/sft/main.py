@@ -1,0 +1,197 @@
+"""SFT: supervised fine-tuning on the TorchTitan engine, with held-out eval, checkpoints and export.
+
+    python -m apps.sft.main --config configs/sft/tiny_cpu.yaml [key=value ...]
+
+The controller (this process) reads and batches the data; the `TitanTrainer` actor (one proc
+mesh, `trainer.procs` data-parallel ranks) trains. Outputs, all under `run_dir`: metrics.jsonl,
+config.yaml, checkpoints/step-N (model, optimizer, LR schedule, step, data position), and the
+Hugging Face export at `export_dir`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import transformers
+
+from apps.sft.config import SFTConfig
+from forge.actors.trainer import TitanTrainer
+from forge.config import parse_args, save_config
+from forge.controller import shutdown
+from forge.data.rewards import get_reward_fn
+from forge.data.sft import build_sft_loader
+from forge.data.sft_loader import SFTDataLoader
+from forge.observability import MetricsConfig, Reduce, get_metric_logger, record_metric
+from forge.recipes.sft import (
+    PreparedData,
+    drop_metrics_after,
+    evaluate_loss,
+    greedy_exact_match,
+    prepare_data,
+    rank_values,
+    read_prompt_target_rows,
+    split_for_ranks,
+)
+
+
+def train_line(step: int, max_steps: int, row: dict) -> str:
+    return (
+        f"step {step:5d}/{max_steps} | loss {row['train/loss']:.4f} | acc {row['sft/token_accuracy']:.3f} "
+        f"| {row['train/tokens_per_s']:8.0f} tok/s | lr {row['train/lr']:.2e}"
+    )
+
+
+def eval_line(step: int, metrics: dict) -> str:
+    return (
+        f"eval {step:5d} | loss {metrics['eval/loss']:.4f} | acc {metrics['eval/token_accuracy']:.3f} "
+        f"| ppl {metrics['eval/perplexity']:.3f}"
+    )
+
+
+def data_line(cfg: SFTConfig, prepared: PreparedData) -> str:
+    data, counts = prepared.data, prepared.data.metrics
+    truncated = counts["data/train_truncated"] + counts.get("data/eval_truncated", 0)
+    dropped = counts["data/train_dropped"] + counts.get("data/eval_dropped", 0)
+    return (
+        f"data: {len(data.train)} train / {len(data.eval or [])} eval examples; longer than "
+        f"max_seq_len={cfg.data.max_seq_len}: {truncated} truncated, {dropped} dropped"
+    )
+
+
+def checkpoint_folder(cfg: SFTConfig) -> Path:
+    return Path(cfg.trainer.engine.checkpoint.folder or Path(cfg.run_dir) / "checkpoints")
+
+
+def check_fresh_start(cfg: SFTConfig) -> None:
+    """A run that does not resume must not overwrite another run's checkpoints."""
+    existing = sorted(checkpoint_folder(cfg).glob("step-*"))
+    if existing and not cfg.resume:
+        raise ValueError(
+            f"{checkpoint_folder(cfg)} already holds checkpoints ({', '.join(p.name for p in existing)}): "
+            "pass resume=true to continue that run, or choose another run_dir"
+        )
+
+
+async def restore(trainer, loader: SFTDataLoader) -> int:
+    """Loads the latest checkpoint, if any, and puts the loader where it was; returns the step."""
+    step = rank_values(await trainer.latest_checkpoint.call())[0]
+    if step is None:
+        print("resume: no checkpoint yet, starting from step 0")
+        return 0
+    extra_state = rank_values(await trainer.load.call())[0]
+    loader.load_state_dict(extra_state["data"])
+    print(f"resume: continuing from the checkpoint of step {step}")
+    return step
+
+
+async def train(
+    cfg: SFTConfig, prepared: PreparedData, loader: SFTDataLoader, generation_rows: list[dict] | None
+) -> dict[str, float]:
+    """Runs the training loop; returns the last eval metrics (and the greedy exact match)."""
+    run_dir = Path(cfg.run_dir)
+    procs, data = cfg.trainer.procs, prepared.data
+    eval_batch_size = cfg.eval_batch_size or cfg.data.batch_size
+    metrics_path = run_dir / "metrics.jsonl"
+    try:
+        trainer = await TitanTrainer.options(procs=procs).as_actor(cfg.trainer.engine, cfg.trainer.loss)
+        start = await restore(trainer, loader) if cfg.resume else 0
+        # Before the logger opens the file: the steps after the checkpoint are logged again.
+        if start == 0:
+            metrics_path.unlink(missing_ok=True)
+        else:
+            drop_metrics_after(metrics_path, start)
+        metric_logger = await get_metric_logger(MetricsConfig(console=False, jsonl_path=str(metrics_path)))
+        for key, value in data.metrics.items():
+            record_metric(key, value, Reduce.SUM)
+        last_eval = {}
+        if start == 0 and data.eval is not None:
+            last_eval = await evaluate_loss(trainer, data, eval_batch_size, procs)
+            print(eval_line(0, last_eval), flush=True)
+            await metric_logger.flush(0)
+
+        for step in range(start + 1, cfg.max_steps + 1):
+            started = time.perf_counter()
+            batch = next(loader)
+            await trainer.train_step.call(*split_for_ranks(batch, procs))
+            # Tokens the model read (padding included) per second of batching plus training.
+            record_metric("train/tokens_per_s", batch["input_ids"].numel() / (time.perf_counter() - started))
+            cursor = loader.state_dict()
+            record_metric("data/epoch", cursor["epoch"] + cursor["position"] / len(data.train))
+            last = step == cfg.max_steps
+            if data.eval is not None and (last or (cfg.eval_every and step % cfg.eval_every == 0)):
+                last_eval = await evaluate_loss(trainer, data, eval_batch_size, procs)
+            if last or (cfg.save_every and step % cfg.save_every == 0):
+                await trainer.save.call({"data": cursor})
+            row = await metric_logger.flush(step)
+            if last or step % cfg.log_every == 0:
+                print(train_line(step, cfg.max_steps, row), flush=True)
+            if "eval/loss" in row:
+                print(eval_line(step, row), flush=True)
+
+        if cfg.export_dir is not None:
+            await trainer.export_hf.call(str(Path(cfg.export_dir).resolve()), str(prepared.tokenizer_dir))
+            print(f"exported the model to {cfg.export_dir}", flush=True)
+        if generation_rows is not None:
+            last_eval["eval/greedy_exact_match"] = generation_eval(cfg, generation_rows)
+            record_metric("eval/greedy_exact_match", last_eval["eval/greedy_exact_match"])
+            await metric_logger.flush(max(start, cfg.max_steps))
+        return last_eval
+    finally:
+        await (await get_metric_logger()).close()
+        await shutdown()
+
+
+def generation_eval(cfg: SFTConfig, rows: list[dict]) -> float:
+    gen = cfg.generation_eval
+    accuracy = greedy_exact_match(cfg.export_dir, rows, get_reward_fn(gen.reward_fn), gen.max_tokens)
+    print(f"greedy exact match of the export: {accuracy:.3f} on {len(rows)} eval prompts", flush=True)
+    return accuracy
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    # force: importing torchstore (through forge.store) sets the root logger to INFO.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
+    # The progress lines below are the app's output; library progress bars would interleave.
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    cfg = parse_args(SFTConfig, argv, description="Supervised fine-tuning with forge")
+    started = time.perf_counter()
+    # Inherited by the trainer processes, which start after this.
+    threads = cfg.trainer.threads or max(1, (os.cpu_count() or 1) // cfg.trainer.procs)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        check_fresh_start(cfg)
+        prepared = prepare_data(cfg.data, cfg.tokenizer_path, Path(cfg.run_dir))
+        loader = build_sft_loader(prepared.config, prepared.data)
+        generation_rows = None
+        if cfg.generation_eval is not None:
+            generation_rows = read_prompt_target_rows(
+                prepared.config.eval_path, cfg.data.prompt_column, cfg.generation_eval.target_column
+            )[: cfg.generation_eval.num_prompts]
+    except (ValueError, OSError) as error:
+        # Bad input (a file, a column, a tokenizer): the message says what and where.
+        print(f"sft: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    # What the run really uses, so that config.yaml describes it completely.
+    engine = cfg.trainer.engine
+    engine.model.vocab_size = engine.model.vocab_size or len(prepared.tokenizer)
+    engine.checkpoint.folder = str(checkpoint_folder(cfg).resolve())
+    save_config(cfg, Path(cfg.run_dir) / "config.yaml")
+    print(data_line(cfg, prepared), flush=True)
+    try:
+        final = asyncio.run(train(cfg, prepared, loader, generation_rows))
+    except KeyboardInterrupt:
+        print("interrupted: actors stopped", file=sys.stderr)
+        raise SystemExit(130) from None
+    print(f"done in {time.perf_counter() - started:.0f} s", flush=True)
+    return final
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""The SFT recipe's reusable pieces: data preparation, data-parallel shares of a batch,
+held-out evaluation through the trainer actor, and greedy accuracy of an exported model.
+
+Data preparation runs in the controller process, before any actor starts, so that a bad
+file or column fails in a second with a clear message instead of after a mesh spawned.
+"""
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import Field, model_validator
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from forge.data.rewards import RewardFn
+from forge.data.sft import SFTData, SFTDataConfig, build_sft_data
+from forge.data.sft_loader import eval_batches
+from forge.data.sft_loading import load_split
+from forge.data.tokenizer import embedded_tokenizer
+from forge.data.toy_task import ToyTaskConfig, make_splits, write_jsonl
+from forge.engines.generation import SamplingParams
+from forge.engines.hf_generate import HFGenerateEngine
+from forge.observability import record_metric
+
+
+class SFTRecipeDataConfig(SFTDataConfig):
+    """``SFTDataConfig`` whose data comes either from local files (``path``, with the app's
+    ``tokenizer_path``) or from the embedded toy task (``embedded_task``), which needs no files."""
+
+    path: str | None = Field(
+        None, description="a local .json/.jsonl/.parquet file, a local dataset folder, or a hub id"
+    )
+    embedded_task: ToyTaskConfig | None = Field(
+        None, description="train on the embedded arithmetic task; its files are written into the run dir"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "SFTRecipeDataConfig":
+        if (self.path is None) == (self.embedded_task is None):
+            raise ValueError("set exactly one of data.path (a dataset file) and data.embedded_task")
+        if self.embedded_task is not None and (self.eval_path is not None or self.eval_fraction > 0):
+            raise ValueError(
+                "data.embedded_task writes its own held-out split: leave data.eval_path and "
+                "data.eval_fraction unset"
+            )
+        return self
+
+
+@dataclass
+class PreparedData:
+    config: SFTDataConfig
+    """The data config with ``path``/``eval_path`` pointing at the files actually read."""
+    tokenizer: PreTrainedTokenizerBase
+    tokenizer_dir: Path
+    """A local copy of the tokenizer files: exports take them from here."""
+    data: SFTData
+
+
+def prepare_data(cfg: SFTRecipeDataConfig, tokenizer_path: str | None, run_dir: Path) -> PreparedData:
+    """Write the embedded task's files if asked, load the tokenizer, tokenize both splits.
+
+    Raises ``ValueError`` / ``OSError`` naming the file, key or column at fault.
+    """
+    path, eval_path = cfg.path, cfg.eval_path
+    if cfg.embedded_task is not None:
+        train_rows, eval_rows = make_splits(cfg.embedded_task)
+        path = str(write_jsonl(train_rows, run_dir / "data" / "train.jsonl"))
+        eval_path = str(write_jsonl(eval_rows, run_dir / "data" / "eval.jsonl"))
+        tokenizer = embedded_tokenizer()
+    else:
+        tokenizer = load_tokenizer(tokenizer_path)
+    # A hub tokenizer has no local files to copy into an export; a saved copy always does.
+    tokenizer_dir = run_dir / "tokenizer"
+    tokenizer.save_pretrained(tokenizer_dir)
+    config = SFTDataConfig.model_validate(
+        {**cfg.model_dump(exclude={"embedded_task"}), "path": path, "eval_path": eval_path}
+    )
+    data = build_sft_data(config, tokenizer)
+    if data.eval is not None and len(data.eval) == 0:
+        raise ValueError(
+            f"{eval_path or path}: the eval split is empty after dropping examples longer than "
+            f"max_seq_len={config.max_seq_len}; raise data.max_seq_len or use data.overflow=truncate"
+        )
+    return PreparedData(config, tokenizer, tokenizer_dir, data)
+
+
+def load_tokenizer(tokenizer_path: str | None) -> PreTrainedTokenizerBase:
+    if tokenizer_path is None:
+        raise ValueError("tokenizer_path is required with data.path (a local tokenizer dir or a hub id)")
+    try:
+        return AutoTokenizer.from_pretrained(tokenizer_path)
+    except OSError as error:
+        raise OSError(f"tokenizer_path '{tokenizer_path}': cannot load a tokenizer: {error}") from None
+
+
+def split_for_ranks(batch: dict[str, torch.Tensor], ranks: int) -> tuple[list[dict], list[dict]]:
+    """A batch from the SFT loader as the trainer's ``inputs``, ``targets`` lists (one share per rank).
+
+    Every rank needs at least one row (an evaluation batch may be shorter than ``ranks``): missing
+    rows are filled with copies of row 0 whose loss mask is zero, so they weigh nothing.
+    """
+    rows = batch["input_ids"].shape[0]
+    if rows % ranks:
+        fill = ranks - rows % ranks
+        batch = {name: torch.cat([t, t[:1].expand(fill, *t.shape[1:])]) for name, t in batch.items()}
+        batch["loss_mask"][rows:] = 0
+    inputs = [{"tokens": t} for t in batch["input_ids"].chunk(ranks)]
+    targets = [
+        {"target_ids": ids, "loss_mask": mask}
+        for ids, mask in zip(batch["target_ids"].chunk(ranks), batch["loss_mask"].chunk(ranks), strict=True)
+    ]
+    return inputs, targets
+
+
+def rank_values(value_mesh) -> list[Any]:
+    """The results of an endpoint called on every rank, in rank order."""
+    return [value for _, value in sorted(value_mesh.items(), key=lambda item: item[0].rank)]
+
+
+async def evaluate_loss(trainer, data: SFTData, batch_size: int, ranks: int) -> dict[str, float]:
+    """Token-weighted loss, token accuracy and perplexity over the whole eval split; also
+    recorded as metrics (``eval/...``).
+
+    The trainer reports each share's token mean; weighting them by their token counts gives the
+    exact mean over every eval token, whatever the batch boundaries.
+    """
+    tokens = loss_sum = correct_sum = 0.0
+    for batch in eval_batches(data.eval, batch_size=batch_size, pad_id=data.pad_id):
+        inputs, targets = split_for_ranks(batch, ranks)
+        results = rank_values(await trainer.evaluate.call(inputs, targets))
+        for metrics, target in zip(results, targets, strict=True):
+            count = float(target["loss_mask"].sum())
+            tokens += count
+            loss_sum += metrics["eval/loss"] * count
+            correct_sum += metrics["eval/token_accuracy"] * count
+    loss = loss_sum / tokens
+    metrics = {
+        "eval/loss": loss,
+        "eval/token_accuracy": correct_sum / tokens,
+        "eval/perplexity": math.exp(loss),
+        "eval/tokens": tokens,
+    }
+    for key, value in metrics.items():
+        record_metric(key, value)
+    return metrics
+
+
+def drop_metrics_after(path: Path, step: int) -> None:
+    """Remove the rows of a metrics JSONL file logged after ``step`` (a run resumed from the
+    checkpoint of ``step`` logs them again). The file is replaced in one rename."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    if len(kept) < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(path)
+
+
+def read_prompt_target_rows(path: str, prompt_column: str, target_column: str) -> list[dict[str, str]]:
+    """``{"prompt", "target"}`` rows of a local dataset file, for generation evals."""
+    dataset = load_split(path, "train")
+    missing = [c for c in (prompt_column, target_column) if c not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"{path}: missing column(s) {missing} needed by generation_eval; the file has columns "
+            f"{dataset.column_names} (set generation_eval.target_column / data.prompt_column)"
+        )
+    return [{"prompt": str(row[prompt_column]), "target": str(row[target_column])} for row in dataset]
+
+
+def greedy_exact_match(
+    model_dir: str | Path,
+    rows: Sequence[dict[str, str]],
+    reward_fn: RewardFn,
+    max_tokens: int,
+    batch_size: int = 64,
+) -> float:
+    """Fraction of ``rows`` whose greedy completion by the Hugging Face model in ``model_dir``
+    gets the full reward (1.0), measured as the GRPO app measures its policy: the prompt is
+    tokenized with the tokenizer's own special tokens, the output decoded without them."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # The tokenizer's eos is authoritative: the exported config.json does not name one.
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    engine = HFGenerateEngine(model, eos_token_id=tokenizer.eos_token_id)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    correct = 0
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        outputs = engine.generate([tokenizer(row["prompt"]).input_ids for row in chunk], params)
+        for row, (sequence,) in zip(chunk, outputs, strict=True):
+            text = tokenizer.decode(sequence.token_ids, skip_special_tokens=True)
+            correct += reward_fn(row["prompt"], text, row["target"]) == 1.0
+    return correct / len(rows)

@@ -1,0 +1,187 @@
+"""The SFT app end to end: real trainer processes, the tiny TorchTitan model, real files.
+
+Runs are shortened versions of configs/sft/tiny_cpu.yaml (the shipped config, so that it is
+checked too). The chat loss mask is tested token by token in tests/data/test_sft_data.py.
+"""
+
+import contextlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from apps.sft.config import SFTConfig
+from apps.sft.main import main
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from forge.config import load_config
+from forge.data.tokenizer import embedded_tokenizer
+from forge.engines.titan.engine import TitanEngine
+
+TINY_CPU = Path(__file__).resolve().parents[2] / "configs" / "sft" / "tiny_cpu.yaml"
+STEPS = 8
+# A short run of the embedded task, with an LR that changes at every step so that a resume
+# that lost the scheduler's state could not match.
+SHORT = [
+    "--config",
+    str(TINY_CPU),
+    "trainer.threads=1",
+    "data.embedded_task.num_train=256",
+    "data.embedded_task.num_eval=32",
+    "data.batch_size=16",
+    "log_every=1",
+    "eval_every=4",
+    "trainer.engine.lr_scheduler.warmup_steps=2",
+    "trainer.engine.lr_scheduler.decay_type=linear",
+    f"trainer.engine.lr_scheduler.total_steps={STEPS}",
+    "generation_eval.num_prompts=16",
+]
+
+
+def run_app(run_dir: Path, *overrides: str) -> tuple[list[dict], str]:
+    """Runs the app in this process; returns its metrics rows and what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main([*SHORT, f"run_dir={run_dir}", *overrides])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return rows, out.getvalue()
+
+
+def by_step(rows: list[dict], key: str) -> dict[int, float]:
+    return {row["step"]: row[key] for row in rows if key in row}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _restore_process_state():
+    """main() sets OMP_NUM_THREADS for its trainer processes; the export test builds an engine
+    here, which creates a process group. Neither may leak into other test modules."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight")
+    rows, printed = run_app(run_dir, f"max_steps={STEPS}", "save_every=4")
+    return run_dir, rows, printed
+
+
+def test_tiny_run_learns_reports_and_exports(straight_run):
+    run_dir, rows, printed = straight_run
+    loss = by_step(rows, "train/loss")
+    eval_accuracy = by_step(rows, "eval/token_accuracy")
+    assert sorted(loss) == list(range(1, STEPS + 1))
+    assert loss[STEPS] < 0.7 * loss[1]
+    assert sorted(eval_accuracy) == [0, 4, STEPS] and eval_accuracy[STEPS] > eval_accuracy[0] + 0.1
+    step_row = next(row for row in rows if row["step"] == 1)
+    for key in ("sft/token_accuracy", "sft/perplexity", "train/tokens_per_s", "train/lr", "data/epoch"):
+        assert key in step_row, key
+    assert {"data/train_truncated", "data/train_dropped", "eval/loss", "eval/perplexity"} <= rows[0].keys()
+    assert 0.0 <= by_step(rows, "eval/greedy_exact_match")[STEPS] <= 1.0
+
+    lines = printed.splitlines()
+    assert sum(line.startswith("step ") for line in lines) == STEPS
+    assert [line.split("|")[0].split()[1] for line in lines if line.startswith("eval ")] == ["0", "4", "8"]
+    assert any(line.startswith("greedy exact match of the export: ") for line in lines)
+
+    # Everything a resume or a reader needs is in the run dir.
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-4", "step-8"]
+    assert load_config(SFTConfig, run_dir / "config.yaml").trainer.engine.model.vocab_size == len(
+        embedded_tokenizer()
+    )
+
+
+def test_export_matches_the_trainer_logits(straight_run):
+    run_dir, _, _ = straight_run
+    export = run_dir / "export"
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in export.iterdir()
+    }
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    tokens = torch.tensor([tokenizer("12+34=46").input_ids, tokenizer("56+21=77").input_ids])
+
+    # The trainer's weights at the end: its last checkpoint, in the engine the trainer runs.
+    engine = TitanEngine(load_config(SFTConfig, run_dir / "config.yaml").trainer.engine)
+    engine.load(STEPS)
+    hf_model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
+    with torch.no_grad():
+        hf_logits = hf_model(tokens).logits
+    torch.testing.assert_close(hf_logits, engine.forward(tokens), rtol=0, atol=1e-4)
+
+
+def test_resume_continues_exactly(straight_run, tmp_path):
+    _, straight, _ = straight_run
+    # Stop after 6 steps, as if it crashed before the checkpoint of step 6 was written...
+    run_app(tmp_path, "max_steps=6", "save_every=4", "~export_dir", "~generation_eval")
+    shutil.rmtree(tmp_path / "checkpoints" / "step-6")
+    # ...and resume: from step 4, with the model, optimizer, LR schedule and data position.
+    resumed, printed = run_app(
+        tmp_path, f"max_steps={STEPS}", "save_every=4", "resume=true", "~export_dir", "~generation_eval"
+    )
+    assert "resume: continuing from the checkpoint of step 4" in printed
+
+    # Steps 5 and 6 are logged once, by the resumed run.
+    assert [row["step"] for row in resumed if "train/loss" in row] == list(range(1, STEPS + 1))
+    for key in ("train/loss", "train/lr", "data/epoch", "eval/loss"):
+        assert by_step(resumed, key) == pytest.approx(by_step(straight, key), rel=1e-6, abs=1e-7), key
+
+
+def test_too_long_examples_are_counted_in_the_metrics(tmp_path):
+    tokenizer_dir = tmp_path / "tokenizer"
+    embedded_tokenizer().save_pretrained(tokenizer_dir)
+    rows = [{"prompt": f"{i}+{i}=", "completion": str(2 * i)} for i in range(30)]
+    rows += [{"prompt": "1+" * 20 + "1=", "completion": "21"}, {"prompt": "2+2=", "completion": "4" * 40}]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    metrics, printed = run_app(
+        tmp_path / "run",
+        "~data.embedded_task",
+        f"data.path={data}",
+        f"tokenizer_path={tokenizer_dir}",
+        "data.max_seq_len=16",
+        "data.overflow=drop",
+        "max_steps=1",
+        "~export_dir",
+        "~generation_eval",
+    )
+    assert metrics[0]["data/train_dropped"] == 2 and metrics[0]["data/train_examples"] == 30
+    assert "0 truncated, 2 dropped" in printed
+
+
+def run_expecting_exit(capsys, *overrides: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(TINY_CPU), *overrides])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_a_missing_column_names_the_file_and_the_column(tmp_path, capsys):
+    data = tmp_path / "answers.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    embedded_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    err = run_expecting_exit(
+        capsys,
+        f"run_dir={tmp_path / 'run'}",
+        "~data.embedded_task",
+        f"data.path={data}",
+        "data.format=prompt_completion",
+        f"tokenizer_path={tmp_path / 'tokenizer'}",
+        "~generation_eval",
+    )
+    assert f"{data}: missing column 'completion'" in err
+
+
+def test_config_mistakes_are_named(tmp_path, capsys):
+    err = run_expecting_exit(capsys, f"run_dir={tmp_path}", "trainer.engine.optimzer.lr=1")
+    assert "unknown key 'trainer.engine.optimzer'" in err and "Did you mean 'optimizer'?" in err
+    err = run_expecting_exit(capsys, f"run_dir={tmp_path}", "data.batch_size=3", "trainer.procs=2")
+    assert "data.batch_size (3) must be a multiple of trainer.procs (2)" in err

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from pydantic import ValidationError
 from transformers import AutoModelForCausalLM
 
+from forge.data.tokenizer import build_char_tokenizer
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine, split_microbatches
 
@@ -112,22 +113,25 @@ def test_export_loads_in_transformers_with_matching_logits(tmp_path, model, arch
     engine = TitanEngine(make_config(model={"name": model}))
     engine.train_step(make_batch(), masked_ce)
     tokenizer_dir = tmp_path / "tokenizer"
-    tokenizer_dir.mkdir()
-    (tokenizer_dir / "tokenizer.json").write_text("{}")
-    (tokenizer_dir / "tokenizer_config.json").write_text("{}")
+    tokenizer = build_char_tokenizer("0123456789+=")
+    tokenizer.save_pretrained(tokenizer_dir)
 
     out = engine.export_hf(tmp_path / "export", tokenizer_dir=tokenizer_dir)
     engine.export_hf(out)  # replacing an export goes through a temporary dir as well
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "tokenizer"]
     engine.export_hf(out, tokenizer_dir=tokenizer_dir)
-    assert {p.name for p in out.iterdir()} == {
-        "model.safetensors",
-        "config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json"} <= {
+        p.name for p in out.iterdir()
     }
 
     config = json.loads((out / "config.json").read_text())
+    # The tokenizer's special ids go into the config, so transformers' generate stops at eos.
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+    )
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == tokenizer.eos_token_id
     assert config["architectures"] == [architecture]
     assert config["vocab_size"] == VOCAB and config["head_dim"] == 16
     assert config["tie_word_embeddings"] is (model == "qwen3")

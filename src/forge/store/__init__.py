@@ -17,13 +17,20 @@ preallocated tensors in place, checked against the manifest first.
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 import torch
-import torchstore as ts
-from monarch.actor import get_or_spawn_controller, this_host
 
-from forge.store._compat import AsyncController
+# Monarch must allow large messages for weight transfers. torchstore sets this itself when
+# it is unset, but then also sets the root logger to INFO and adds a stdout handler, which
+# floods every forge program's output; setting it first skips both.
+os.environ.setdefault("HYPERACTOR_CODEC_MAX_FRAME_LENGTH", "910737418240")
+
+import torchstore as ts  # noqa: E402
+from monarch.actor import get_or_spawn_controller, this_host  # noqa: E402
+
+from forge.store._compat import AsyncController  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

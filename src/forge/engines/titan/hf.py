@@ -176,9 +176,15 @@ def write_hf_dir(
 
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in hf_state_dict.items()}
     save_file(tensors, tmp_dir / "model.safetensors", metadata={"format": "pt"})
-    (tmp_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if tokenizer_dir is not None:
         _copy_tokenizer_files(Path(tokenizer_dir), tmp_dir)
+        # So that plain `transformers` generation stops at the tokenizer's eos.
+        config = {**config, **_special_token_ids(tmp_dir)}
+        generation = {k: v for k, v in config.items() if k.endswith("_token_id") and v is not None}
+        (tmp_dir / "generation_config.json").write_text(
+            json.dumps(generation, indent=2, sort_keys=True) + "\n"
+        )
+    (tmp_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
     if out_dir.exists():
         # Swap in two renames: out_dir is briefly absent, never half-written.
@@ -190,6 +196,17 @@ def write_hf_dir(
         tmp_dir.rename(out_dir)
     logger.info("exported a Hugging Face model to %s", out_dir)
     return out_dir
+
+
+def _special_token_ids(tokenizer_dir: Path) -> dict[str, int | None]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
 
 
 def _copy_tokenizer_files(tokenizer_dir: Path, dest: Path) -> None:

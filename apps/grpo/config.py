@@ -67,6 +67,9 @@ class GRPOConfig(ForgeConfigModel):
     eval: EvalConfig = EvalConfig()
     metrics: MetricsConfig = MetricsConfig()
     provisioner: ProvisionerConfig = ProvisionerConfig()
+    # Torch CPU threads in each actor process (inherited through OMP_NUM_THREADS). On a
+    # small CPU machine one each keeps the generator and the trainer from oversubscribing it.
+    actor_threads: int | None = Field(None, ge=1, description="None leaves torch's default")
     # Keep this many newest weight versions in the store (older ones are deleted).
     keep_weight_versions: int = Field(2, ge=1)
 

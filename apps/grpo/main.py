@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -74,6 +75,8 @@ async def run(cfg: GRPOConfig) -> dict:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
+    if cfg.actor_threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
     await init_provisioner(cfg.provisioner)
     try:
         return await _train(cfg)

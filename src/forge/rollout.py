@@ -6,7 +6,6 @@ call goes to an actor handle (`call_one`) or a service endpoint (`route`).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 from forge.data.episode_batch import collate_episodes, response_logprobs
@@ -19,16 +18,24 @@ def _call(endpoint):
     return endpoint.route if hasattr(endpoint, "route") else endpoint.call_one
 
 
-async def score_group(rows_target: str, completions: list[Completion], reward, advantages) -> list[Episode]:
-    """Rewards, then group-relative advantages, for the completions of one prompt."""
-    prompt = completions[0].prompt
-    scores = await _call(reward.evaluate_group)(prompt, [c.text for c in completions], rows_target)
-    values = await _call(advantages.compute)([total for total, _ in scores])
-    group_id = uuid.uuid4().hex
-    return [
-        Episode(c, rows_target, group_id, reward=total, reward_breakdown=breakdown, advantage=adv)
-        for c, (total, breakdown), adv in zip(completions, scores, values, strict=True)
-    ]
+async def score_groups(
+    rows: list[dict], groups: list[list[Completion]], reward, advantages
+) -> list[list[Episode]]:
+    """Rewards, then group-relative advantages, for the completions of each prompt (two calls)."""
+    scores = await _call(reward.evaluate_groups)(
+        [r["prompt"] for r in rows], [[c.text for c in g] for g in groups], [r["target"] for r in rows]
+    )
+    values = await _call(advantages.compute_groups)([[total for total, _ in group] for group in scores])
+    scored = []
+    for row, group, group_scores, group_values in zip(rows, groups, scores, values, strict=True):
+        group_id = uuid.uuid4().hex
+        scored.append(
+            [
+                Episode(c, row["target"], group_id, reward=total, reward_breakdown=breakdown, advantage=adv)
+                for c, (total, breakdown), adv in zip(group, group_scores, group_values, strict=True)
+            ]
+        )
+    return scored
 
 
 async def add_reference_logprobs(episodes: list[Episode], reference, pad_id: int) -> None:
@@ -63,14 +70,9 @@ async def rollout_step(
     advantage everywhere: with `skip_groups_without_signal` it is not added (DAPO's dynamic
     sampling), and counted in `rollout/groups_skipped`.
     """
-    rows = [await _call(dataset.sample)() for _ in range(prompts_per_step)]
+    rows = await _call(dataset.sample_batch)(prompts_per_step)
     groups = await _call(generator.generate_batch)([r["prompt"] for r in rows], n=group_size)
-    scored = await asyncio.gather(
-        *(
-            score_group(row["target"], group, reward, advantages)
-            for row, group in zip(rows, groups, strict=True)
-        )
-    )
+    scored = await score_groups(rows, groups, reward, advantages)
     kept = [g for g in scored if has_signal(g) or not skip_groups_without_signal]
     record_metric("rollout/groups_skipped", len(scored) - len(kept), Reduce.SUM)
     record_metric("rollout/groups", len(scored), Reduce.SUM)

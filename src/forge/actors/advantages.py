@@ -14,8 +14,17 @@ class ComputeAdvantages(ForgeActor):
     def __init__(self, mode: str = "grpo"):
         self.mode = mode
 
-    @endpoint
-    async def compute(self, rewards: list[float]) -> list[float]:
+    def _one(self, rewards: list[float]) -> list[float]:
         tensor = torch.tensor(rewards, dtype=torch.float32)
         record_metric("advantage/groups_without_signal", 0 if has_signal(tensor) else 1, Reduce.SUM)
         return group_advantages(tensor, mode=self.mode).tolist()
+
+    @endpoint
+    async def compute(self, rewards: list[float]) -> list[float]:
+        """Advantages of one group's rewards."""
+        return self._one(rewards)
+
+    @endpoint
+    async def compute_groups(self, rewards: list[list[float]]) -> list[list[float]]:
+        """`compute` for several groups (of any sizes), in one call."""
+        return [self._one(group) for group in rewards]

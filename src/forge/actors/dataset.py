@@ -22,6 +22,11 @@ class DatasetActor(ForgeActor):
         return self.cursor.next()
 
     @endpoint
+    async def sample_batch(self, n: int) -> list[Row]:
+        """The next `n` rows, in one call."""
+        return [self.cursor.next() for _ in range(n)]
+
+    @endpoint
     async def eval_set(self) -> list[Row]:
         return list(self.eval_rows)
 

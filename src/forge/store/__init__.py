@@ -16,6 +16,7 @@ preallocated tensors in place, checked against the manifest first.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "policy"
 _STORE_NAME = ts.api.DEFAULT_TORCHSTORE_NAME
+_CONCURRENCY = 16
 
 
 class VersionNotFoundError(KeyError):
@@ -77,18 +79,29 @@ async def shutdown() -> None:
         _volume_mesh = None
 
 
+async def _bounded(coroutines) -> list:
+    """Runs the per-tensor transfers concurrently: each costs two round trips to Monarch
+    actors, and overlapping them hides that latency (at most _CONCURRENCY at a time)."""
+    semaphore = asyncio.Semaphore(_CONCURRENCY)
+
+    async def one(coroutine):
+        async with semaphore:
+            return await coroutine
+
+    return await asyncio.gather(*(one(c) for c in coroutines))
+
+
 async def put_state_dict(
     version: int, state_dict: dict[str, torch.Tensor], prefix: str = DEFAULT_PREFIX
 ) -> None:
     """Publishes `state_dict` as `version`: every tensor first, the manifest last."""
     base = version_key(version, prefix)
-    manifest = {}
     for name, tensor in state_dict.items():
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"state_dict['{name}'] is a {type(tensor).__name__}, not a tensor")
-        tensor = tensor.detach()
-        await ts.put(f"{base}.{name}", tensor, store_name=_STORE_NAME)
-        manifest[name] = (tuple(tensor.shape), str(tensor.dtype))
+    tensors = {name: tensor.detach() for name, tensor in state_dict.items()}
+    await _bounded(ts.put(f"{base}.{name}", t, store_name=_STORE_NAME) for name, t in tensors.items())
+    manifest = {name: (tuple(t.shape), str(t.dtype)) for name, t in tensors.items()}
     await ts.put(_manifest_key(version, prefix), manifest, store_name=_STORE_NAME)
 
 
@@ -129,8 +142,8 @@ async def get_state_dict(
     if into is not None:
         _check_buffers(version, manifest, into)
     base = version_key(version, prefix)
-    out = into if into is not None else {}
-    for name in manifest:
+
+    async def fetch(name: str) -> None:
         try:
             if into is not None:
                 await ts.get(f"{base}.{name}", inplace_tensor=into[name], store_name=_STORE_NAME)
@@ -140,6 +153,9 @@ async def get_state_dict(
             raise VersionNotFoundError(
                 f"weight version {version} was deleted while it was being read"
             ) from None
+
+    out = into if into is not None else {}
+    await _bounded(fetch(name) for name in manifest)
     return out
 
 
@@ -148,8 +164,7 @@ async def delete(version: int, prefix: str = DEFAULT_PREFIX) -> None:
     manifest = await _manifest(version, prefix)
     base = version_key(version, prefix)
     await ts.delete(_manifest_key(version, prefix), store_name=_STORE_NAME)
-    for name in manifest:
-        await ts.delete(f"{base}.{name}", store_name=_STORE_NAME)
+    await _bounded(ts.delete(f"{base}.{name}", store_name=_STORE_NAME) for name in manifest)
 
 
 _VERSION_RE = re.compile(r"\.v(\d+)$")

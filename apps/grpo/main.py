@@ -160,17 +160,18 @@ async def _train(cfg: GRPOConfig) -> dict:
         return history
 
     rollouts = [asyncio.create_task(continuous_rollouts()) for _ in range(cfg.rollout.threads)]
+    training = asyncio.create_task(continuous_training())
     try:
-        training = asyncio.create_task(continuous_training())
         done, _ = await asyncio.wait([training, *rollouts], return_when=asyncio.FIRST_COMPLETED)
         if training not in done:  # a rollout loop died: surface its error
             next(iter(done)).result()
         history = training.result()
     finally:
+        # Also on Ctrl-C (asyncio cancels this coroutine): stop both loops before the actors.
         stop.set()
-        for task in rollouts:
+        for task in (training, *rollouts):
             task.cancel()
-        await asyncio.gather(*rollouts, return_exceptions=True)
+        await asyncio.gather(training, *rollouts, return_exceptions=True)
         await metric_logger.close()
         await store.shutdown()
     return history

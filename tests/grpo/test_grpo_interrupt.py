@@ -1,0 +1,43 @@
+"""Ctrl-C stops a GRPO run cleanly: exit code 130, every actor process gone, no hang."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+
+def test_ctrl_c_stops_the_run_and_every_actor(write_grpo_config, tmp_path):
+    config = write_grpo_config()
+    # SIGINT must be at its default in the child, as in a terminal (a background job of a
+    # non-interactive shell would inherit it ignored).
+    app = subprocess.Popen(
+        [sys.executable, "-m", "apps.grpo.main", "--config", str(config), "max_steps=100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=os.getcwd(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.time() + 120
+        seen = []
+        for line in app.stdout:
+            seen.append(line)
+            if line.startswith("step    1 "):
+                break
+            assert time.time() < deadline, "the run did not reach step 1"
+        else:
+            raise AssertionError("the run ended before step 1:\n" + "".join(seen[-30:]))
+        actors = psutil.Process(app.pid).children(recursive=True)
+        assert len(actors) >= 7  # every actor, the store and the logger run in processes of their own
+        app.send_signal(signal.SIGINT)
+        output = app.communicate(timeout=60)[0]
+    finally:
+        app.kill()
+    assert app.returncode == 130, output[-2000:]
+    assert "interrupted: actors stopped" in output
+    _, alive = psutil.wait_procs(actors, timeout=15)
+    assert alive == []

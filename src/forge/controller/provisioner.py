@@ -25,10 +25,8 @@ logger = logging.getLogger(__name__)
 
 
 class ProvisionerConfig(ForgeConfigModel):
-    """How meshes are placed. Multi-host placement goes through Monarch's `attach_to_workers`."""
+    """How meshes are placed (on this host; see `get_proc_mesh` for multi-host)."""
 
-    # Addresses of hosts running `monarch.actor.run_worker_loop_forever` (multi-host runs).
-    workers: list[str] = []
     # Seconds to wait for a mesh to stop before giving up on it at shutdown.
     stop_timeout_s: float = 30.0
 
@@ -90,10 +88,11 @@ class Provisioner:
         self, procs: int = 1, hosts: int | None = None, with_gpus: bool = False, name: str = "mesh"
     ) -> ProcMesh:
         if hosts not in (None, 1):
+            # The seam for multi-host: a host mesh from monarch's `attach_to_workers` (hosts
+            # running `run_worker_loop_forever`) would replace `this_host()` below.
             raise NotImplementedError(
-                f"mesh '{name}' asks for hosts={hosts}: multi-host meshes need provisioner.workers "
-                "(hosts running monarch's run_worker_loop_forever) and are not supported by this "
-                "provisioner yet; use hosts=1"
+                f"mesh '{name}' asks for hosts={hosts}: this provisioner places meshes on this "
+                "host only; use hosts=1"
             )
         async with self._lock:
             gpus = self._take_gpus(procs, name) if with_gpus else []

@@ -81,4 +81,6 @@ def check_model_dir(path: str, key: str) -> None:
             "directory (config.json, *.safetensors, tokenizer files)"
         )
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"{key}: '{path}' has no config.json, so it is not a Hugging Face model directory")
+        raise FileNotFoundError(
+            f"{key}: '{path}' has no config.json, so it is not a Hugging Face model directory"
+        )

@@ -4,49 +4,12 @@ import math
 
 import pytest
 import torch
+from reference_math import ref_aggregate, ref_entropy, ref_kl, ref_logprob
 
 from forge.rl.losses import LOSSES, CISPOLoss, DAPOLoss, GRPOLoss, GSPOLoss, LossOutput, SFTLoss, build_loss
 from forge.rl.losses.ppo import GRPOLossConfig
 
-# --- references: Python floats and loops only -------------------------------------------------
-
-
-def ref_logprob(row: list[float], target: int, temperature: float = 1.0) -> float:
-    scaled = [x / temperature for x in row]
-    top = max(scaled)
-    return scaled[target] - (top + math.log(sum(math.exp(x - top) for x in scaled)))
-
-
-def ref_entropy(row: list[float], temperature: float = 1.0) -> float:
-    scaled = [x / temperature for x in row]
-    top = max(scaled)
-    exps = [math.exp(x - top) for x in scaled]
-    return -sum(e / sum(exps) * math.log(e / sum(exps)) for e in exps)
-
-
-def ref_aggregate(values, keep, mode: str, horizon: int | None = None) -> float:
-    if mode == "token_mean":
-        kept = [v for vs, ks in zip(values, keep, strict=True) for v, k in zip(vs, ks, strict=True) if k]
-        return sum(kept) / len(kept) if kept else 0.0
-    if mode in ("sequence_mean", "sequence_sum"):
-        per_sequence = []
-        for vs, ks in zip(values, keep, strict=True):
-            kept = [v for v, k in zip(vs, ks, strict=True) if k]
-            if kept:
-                per_sequence.append(sum(kept) / len(kept) if mode == "sequence_mean" else sum(kept))
-        return sum(per_sequence) / len(per_sequence) if per_sequence else 0.0
-    total = sum(v for vs, ks in zip(values, keep, strict=True) for v, k in zip(vs, ks, strict=True) if k)
-    return total / (len(values) * (horizon or len(values[0])))
-
-
-def ref_kl(logprob: float, ref: float, estimator: str) -> float:
-    r = ref - logprob
-    if estimator == "k1":
-        return -r
-    if estimator == "k2":
-        return r * r / 2
-    k3 = math.exp(r) - r - 1
-    return k3 if estimator == "k3" else min(max(k3, -10.0), 10.0)
+# --- the float64 references of each loss, built on tests/support/reference_math.py -------------
 
 
 DEFAULTS = {

@@ -4,12 +4,12 @@ Checkpointing is in test_titan_checkpoint.py, data parallelism in test_titan_dp.
 """
 
 import json
-from dataclasses import dataclass
 
 import pytest
 import torch
 import torch.distributed as dist
 from pydantic import ValidationError
+from titan_testing import masked_ce
 from transformers import AutoModelForCausalLM
 
 from forge.data.tokenizer import build_char_tokenizer
@@ -17,21 +17,6 @@ from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine, split_microbatches
 
 VOCAB = 40
-
-
-@dataclass
-class LossOutput:
-    loss: torch.Tensor
-    metrics: dict
-
-
-def masked_ce(logits: torch.Tensor, batch: dict) -> LossOutput:
-    """Next-token cross entropy over the positions where loss_mask is set."""
-    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    nll = -logprobs.gather(-1, batch["tokens"][:, 1:].unsqueeze(-1)).squeeze(-1)
-    mask = batch["loss_mask"][:, 1:].float()
-    loss = (nll * mask).sum() / mask.sum()
-    return LossOutput(loss, {"loss/nll": loss.detach()})
 
 
 def make_batch(size: int = 8, length: int = 24, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -1,21 +1,14 @@
 """TitanEngine checkpoints: exact resume, extra_state, atomicity, retention."""
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 import torch.distributed as dist
+from titan_testing import LossOutput
 
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
 
 VOCAB = 40
-
-
-@dataclass
-class LossOutput:
-    loss: torch.Tensor
-    metrics: dict
 
 
 def next_token_ce(logits: torch.Tensor, batch: dict) -> LossOutput:

@@ -11,12 +11,12 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from titan_testing import masked_ce
 
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
@@ -24,20 +24,6 @@ from forge.engines.titan.engine import TitanEngine
 VOCAB = 40
 WORLD_SIZE = 2
 STEPS = 3
-
-
-@dataclass
-class LossOutput:
-    loss: torch.Tensor
-    metrics: dict
-
-
-def masked_ce(logits: torch.Tensor, batch: dict) -> LossOutput:
-    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    nll = -logprobs.gather(-1, batch["tokens"][:, 1:].unsqueeze(-1)).squeeze(-1)
-    mask = batch["loss_mask"][:, 1:].float()
-    loss = (nll * mask).sum() / mask.sum()
-    return LossOutput(loss, {"loss/nll": loss.detach()})
 
 
 def global_batch(step: int) -> dict[str, torch.Tensor]:
@@ -104,6 +90,10 @@ def test_fsdp_two_ranks_match_one_process(tmp_path):
                 "LOCAL_RANK": str(rank),
                 "WORLD_SIZE": str(WORLD_SIZE),
                 "OMP_NUM_THREADS": "1",
+                # This file runs as a script there: give it the shared test helpers.
+                "PYTHONPATH": os.pathsep.join(
+                    [str(Path(__file__).parents[1] / "support"), os.environ.get("PYTHONPATH", "")]
+                ),
             },
         )
         for rank in range(WORLD_SIZE)

@@ -11,11 +11,13 @@ Layout: ``<folder>/step-<N>/`` holds a DCP checkpoint (``.metadata`` plus shards
 optimizer, LR scheduler and a ``train_state`` (step and the caller's ``extra_state``).
 """
 
+import contextlib
 import io
 import logging
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +89,8 @@ class Checkpointer:
             for leftover in self.folder.glob(f"step-*{_TMP_SUFFIX}"):
                 shutil.rmtree(leftover)
         dist.barrier()
-        dcp.save(states, checkpoint_id=str(tmp_dir), no_dist=_single_process())
+        with _single_process_warning_silenced():
+            dcp.save(states, checkpoint_id=str(tmp_dir), no_dist=_single_process())
         # DCP returns on every rank only after rank 0 wrote .metadata, so the data is complete.
         if dist.get_rank() == 0:
             if final_dir.exists():
@@ -110,7 +113,8 @@ class Checkpointer:
                 f"no complete checkpoint for step {step} in {self.folder}; "
                 f"complete steps: {self.complete_steps()}"
             )
-        dcp.load(states, checkpoint_id=str(self.step_dir(step)), no_dist=_single_process())
+        with _single_process_warning_silenced():
+            dcp.load(states, checkpoint_id=str(self.step_dir(step)), no_dist=_single_process())
         logger.info("loaded checkpoint %s", self.step_dir(step))
         return step
 
@@ -135,3 +139,11 @@ def _single_process() -> bool:
     # they run on gloo worker threads that start their own OpenMP teams, after which the
     # trainer's steps were about 3x slower for the rest of the run (2 threads, 2 cores).
     return dist.get_world_size() == 1
+
+
+@contextlib.contextmanager
+def _single_process_warning_silenced():
+    # DCP warns that it "assumes the intent is to save in a single process": it is ours.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import uuid
 
+import torch
+
 from forge.data.episode_batch import collate_episodes, response_logprobs
 from forge.data.types import Completion, Episode
 from forge.observability import Reduce, record_metric
+from forge.rl.advantage import has_signal
 
 
 def _call(endpoint):
@@ -47,10 +50,6 @@ async def add_reference_logprobs(episodes: list[Episode], reference, pad_id: int
         episode.ref_logprobs = row
 
 
-def has_signal(episodes: list[Episode]) -> bool:
-    return len({e.reward for e in episodes}) > 1
-
-
 async def rollout_step(
     *,
     dataset,
@@ -73,7 +72,9 @@ async def rollout_step(
     rows = await _call(dataset.sample_batch)(prompts_per_step)
     groups = await _call(generator.generate_batch)([r["prompt"] for r in rows], n=group_size)
     scored = await score_groups(rows, groups, reward, advantages)
-    kept = [g for g in scored if has_signal(g) or not skip_groups_without_signal]
+    kept = [
+        g for g in scored if not skip_groups_without_signal or has_signal(torch.tensor([e.reward for e in g]))
+    ]
     record_metric("rollout/groups_skipped", len(scored) - len(kept), Reduce.SUM)
     record_metric("rollout/groups", len(scored), Reduce.SUM)
     episodes = [e for g in kept for e in g]

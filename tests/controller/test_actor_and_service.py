@@ -135,7 +135,10 @@ def test_service_routing_and_replica_replacement():
         new_pids = await svc.pid.fanout()
         assert len(set(new_pids)) == 2 and victim_pid not in new_pids
         assert sorted(await svc.add.fanout(5))[0] == 5  # the replacement started from scratch
-        assert sum(r.failures for r in svc.replicas) == 1
+        stats = svc.stats()
+        assert [s["healthy"] for s in stats] == [True, True]
+        assert sum(s["failures"] for s in stats) == 1  # the death is counted once
+        assert sum(s["served"] for s in stats) > 0 and all(s["inflight"] == 0 for s in stats)
 
         await Counter.shutdown(svc)
         with pytest.raises(NoHealthyReplicaError):

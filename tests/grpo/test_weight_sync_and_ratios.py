@@ -65,6 +65,8 @@ def test_parity_after_sync_and_off_policy_ratios(tiny_policy):
             await generator.update_weights.call_one(2)
             fresh = episodes_from(await generator.generate_batch.call_one(PROMPTS, n=4))
             assert {e.policy_version for e in fresh} == {2}
+            single = await generator.generate.call_one(PROMPTS[0], n=3, max_tokens=2)
+            assert len(single) == 3 and all(c.policy_version == 2 and c.response_len <= 2 for c in single)
             inputs, targets = collate_episodes(fresh, pad_id=0)
             trainer_logprobs = await trainer.compute_logprobs.call_one(
                 inputs["tokens"], targets["target_ids"]

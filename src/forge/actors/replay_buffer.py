@@ -36,15 +36,6 @@ class ReplayBuffer(ForgeActor):
         return [c[0] for c in collated], [c[1] for c in collated], versions
 
     @endpoint
-    async def evict(self, curr_policy_version: int) -> int:
-        return self.buffer.evict(curr_policy_version)
-
-    # Not `size`: Monarch's actor meshes have a `size` attribute of their own.
-    @endpoint
-    async def num_episodes(self) -> int:
-        return len(self.buffer)
-
-    @endpoint
     async def state_dict(self) -> dict:
         return self.buffer.state_dict()
 

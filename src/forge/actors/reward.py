@@ -39,17 +39,10 @@ class RewardActor(ForgeActor):
         return self.scorer.score(prompt, response, target)
 
     @endpoint
-    async def evaluate_group(
-        self, prompt: str, responses: list[str], target: str
-    ) -> list[tuple[float, dict[str, float]]]:
-        """`evaluate_response` for every response of a group, in one call."""
-        return [self.scorer.score(prompt, r, target) for r in responses]
-
-    @endpoint
     async def evaluate_groups(
         self, prompts: list[str], responses: list[list[str]], targets: list[str]
     ) -> list[list[tuple[float, dict[str, float]]]]:
-        """`evaluate_group` for several groups, in one call."""
+        """`evaluate_response` for every response of several groups, in one call."""
         return [
             [self.scorer.score(p, r, t) for r in group]
             for p, group, t in zip(prompts, responses, targets, strict=True)

@@ -37,10 +37,6 @@ class ForgeActor(Actor):
     async def setup(self) -> None:
         """Runs once after construction on every rank (load a model, connect to the store...)."""
 
-    @endpoint
-    async def ping(self) -> bool:
-        return True
-
     @classmethod
     def options(cls, **options: Any) -> type[ForgeActor]:
         """A subclass of `cls` with the given placement options (procs, hosts, with_gpus, ...)."""

@@ -27,6 +27,6 @@ pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${pip[@]}" "torch==2.13.0"
 "${pip[@]}" -c requirements/lock.txt --no-build-isolation -e ".[dev]"
 "${pip[@]}" --no-deps "torchstore==0.1.2"
-"$VENV/bin/python" -c "import forge, monarch.actor, torchstore, torchtitan, transformers" 2>/dev/null
+"$VENV/bin/python" -c "import forge.store, monarch.actor, torchtitan, transformers"
 echo "$key" > "$STAMP"
 echo "forge environment ready ($VENV)"

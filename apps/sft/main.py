@@ -24,6 +24,7 @@ from apps.sft.config import SFTConfig
 from forge.actors.trainer import TitanTrainer
 from forge.config import parse_args, save_config
 from forge.controller import shutdown
+from forge.data.prompts import read_prompt_target_rows
 from forge.data.rewards import get_reward_fn
 from forge.data.sft import build_sft_loader
 from forge.data.sft_loader import SFTDataLoader
@@ -35,7 +36,6 @@ from forge.recipes.sft import (
     greedy_exact_match,
     prepare_data,
     rank_values,
-    read_prompt_target_rows,
     split_for_ranks,
 )
 
@@ -172,7 +172,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         generation_rows = None
         if cfg.generation_eval is not None:
             generation_rows = read_prompt_target_rows(
-                prepared.config.eval_path, cfg.data.prompt_column, cfg.generation_eval.target_column
+                prepared.config.eval_path,
+                cfg.data.prompt_column,
+                cfg.generation_eval.target_column,
+                "data.prompt_column / generation_eval.target_column, which generation_eval reads",
             )[: cfg.generation_eval.num_prompts]
     except (ValueError, OSError) as error:
         # Bad input (a file, a column, a tokenizer): the message says what and where.

@@ -55,10 +55,14 @@ class TitanTrainer(ForgeActor):
             ref_logprobs=batch.get("ref_logprobs"),
         )
 
+    def _rank_batch(self, inputs: list[dict], targets: list[dict]) -> dict:
+        """This rank's share, as one dict; absent optional targets (None) are left out."""
+        return {**inputs[self.rank], **{k: v for k, v in targets[self.rank].items() if v is not None}}
+
     @endpoint
     async def train_step(self, inputs: list[dict], targets: list[dict]) -> dict[str, float]:
         """One optimizer step; `inputs[r]`/`targets[r]` is data-parallel rank r's share."""
-        batch = {**inputs[self.rank], **{k: v for k, v in targets[self.rank].items() if v is not None}}
+        batch = self._rank_batch(inputs, targets)
         metrics = self.engine.train_step(batch, self._loss)
         if self.rank == 0:
             for key, value in metrics.items():
@@ -68,7 +72,7 @@ class TitanTrainer(ForgeActor):
     @endpoint
     async def evaluate(self, inputs: list[dict], targets: list[dict]) -> dict[str, float]:
         """The loss and its metrics on a batch, without a gradient step."""
-        batch = {**inputs[self.rank], **{k: v for k, v in targets[self.rank].items() if v is not None}}
+        batch = self._rank_batch(inputs, targets)
         out = self._loss(
             self.engine.forward(batch["tokens"]), {k: v.to(self.engine.device) for k, v in batch.items()}
         )

@@ -28,17 +28,24 @@ class PromptDataConfig(ForgeConfigModel):
     seed: int = 0
 
 
-def _load_file(path: str, cfg: PromptDataConfig) -> list[Row]:
+def read_prompt_target_rows(path: str, prompt_column: str, target_column: str, keys_hint: str) -> list[Row]:
+    """``{"prompt", "target"}`` rows of a local dataset file; a missing column is an error that
+    names the file, the columns it has, and the config keys (``keys_hint``) that choose them."""
     from forge.data.sft_loading import load_split
 
     dataset = load_split(path, "train")
-    missing = [c for c in (cfg.prompt_column, cfg.target_column) if c not in dataset.column_names]
+    missing = [c for c in (prompt_column, target_column) if c not in dataset.column_names]
     if missing:
         raise ValueError(
-            f"{path}: missing column(s) {missing}; it has {dataset.column_names} "
-            "(set dataset.prompt_column / dataset.target_column)"
+            f"{path}: missing column(s) {missing}; it has {dataset.column_names} (set {keys_hint})"
         )
-    return [{"prompt": str(r[cfg.prompt_column]), "target": str(r[cfg.target_column])} for r in dataset]
+    return [{"prompt": str(r[prompt_column]), "target": str(r[target_column])} for r in dataset]
+
+
+def _load_file(path: str, cfg: PromptDataConfig) -> list[Row]:
+    return read_prompt_target_rows(
+        path, cfg.prompt_column, cfg.target_column, "dataset.prompt_column / dataset.target_column"
+    )
 
 
 def load_prompt_rows(cfg: PromptDataConfig) -> tuple[list[Row], list[Row]]:

@@ -19,7 +19,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from forge.data.rewards import RewardFn
 from forge.data.sft import SFTData, SFTDataConfig, build_sft_data
 from forge.data.sft_loader import eval_batches
-from forge.data.sft_loading import load_split
 from forge.data.tokenizer import embedded_tokenizer
 from forge.data.toy_task import ToyTaskConfig, make_splits, write_jsonl
 from forge.engines.generation import SamplingParams
@@ -160,18 +159,6 @@ def drop_metrics_after(path: Path, step: int) -> None:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(kept), encoding="utf-8")
         tmp.replace(path)
-
-
-def read_prompt_target_rows(path: str, prompt_column: str, target_column: str) -> list[dict[str, str]]:
-    """``{"prompt", "target"}`` rows of a local dataset file, for generation evals."""
-    dataset = load_split(path, "train")
-    missing = [c for c in (prompt_column, target_column) if c not in dataset.column_names]
-    if missing:
-        raise ValueError(
-            f"{path}: missing column(s) {missing} needed by generation_eval; the file has columns "
-            f"{dataset.column_names} (set generation_eval.target_column / data.prompt_column)"
-        )
-    return [{"prompt": str(row[prompt_column]), "target": str(row[target_column])} for row in dataset]
 
 
 def greedy_exact_match(

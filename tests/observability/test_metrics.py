@@ -86,3 +86,20 @@ def test_one_key_with_two_reductions_is_refused():
     with pytest.raises(ValueError, match="test/conflict.*SUM.*MAX"):
         record_metric("test/conflict", 1.0, Reduce.MAX)
     assert pop_state()["test/conflict"].value() == 1.0
+
+
+def test_console_backend_prints_whatever_the_root_logger_level(capsys):
+    import logging
+
+    from forge.observability import ConsoleBackend
+
+    metrics_logger = logging.getLogger("forge.metrics")
+    for handler in list(metrics_logger.handlers):  # a fresh backend, writing to this test's stdout
+        metrics_logger.removeHandler(handler)
+    root_level = logging.getLogger().level
+    logging.getLogger().setLevel(logging.WARNING)  # as the apps configure it
+    try:
+        ConsoleBackend(keys=["loss/pg", "train/lr"]).log(3, {"loss/pg": 0.25, "train/lr": 3e-4, "other": 1.0})
+    finally:
+        logging.getLogger().setLevel(root_level)
+    assert capsys.readouterr().out == "step 3 | loss/pg=0.25 train/lr=0.0003\n"

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-
-logger = logging.getLogger(__name__)
 
 
 class MetricBackend(ABC):
@@ -31,11 +30,18 @@ class ConsoleBackend(MetricBackend):
 
     def __init__(self, keys: list[str] | None = None):
         self.keys = keys
+        # Showing these lines is this backend's whole job, so it does not depend on how the
+        # process it runs in (the metric logger actor's) configured logging.
+        self._logger = logging.getLogger("forge.metrics")
+        self._logger.setLevel(logging.INFO)
+        if not self._logger.handlers:
+            self._logger.addHandler(logging.StreamHandler(sys.stdout))
+            self._logger.propagate = False
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         shown = {k: metrics[k] for k in (self.keys or sorted(metrics)) if k in metrics}
         line = " ".join(f"{k}={_format_value(v)}" for k, v in shown.items())
-        logging.getLogger("forge.metrics").info("step %d | %s", step, line)
+        self._logger.info("step %d | %s", step, line)
 
 
 class JsonlBackend(MetricBackend):

@@ -32,8 +32,6 @@ from forge.engines.generation import check_model_dir
 from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.rollout import greedy_accuracy, rollout_step
 
-logger = logging.getLogger("apps.grpo")
-
 
 def ensure_warm_start(cfg: GRPOConfig) -> None:
     """Runs the configured SFT recipe when the initial policy directory does not exist yet."""

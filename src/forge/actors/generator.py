@@ -7,7 +7,6 @@ the middle of a `generate`: requests already running finish on the old weights, 
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any, Literal
 
@@ -19,8 +18,6 @@ from forge.controller import ForgeActor
 from forge.data.types import Completion
 from forge.engines.generation import SamplingParams
 from forge.observability import Reduce, record_metric
-
-logger = logging.getLogger(__name__)
 
 
 class GeneratorConfig(ForgeConfigModel):

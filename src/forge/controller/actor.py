@@ -11,14 +11,11 @@ launching is the class's job:
 from __future__ import annotations
 
 import itertools
-import logging
 from typing import Any
 
 from monarch.actor import Actor, endpoint
 
 from forge.controller.provisioner import get_provisioner
-
-logger = logging.getLogger(__name__)
 
 _OPTION_NAMES = ("procs", "hosts", "with_gpus", "num_replicas", "mesh_name")
 _spawn_counter = itertools.count()

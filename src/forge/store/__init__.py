@@ -17,7 +17,6 @@ preallocated tensors in place, checked against the manifest first.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import re
 
@@ -32,8 +31,6 @@ import torchstore as ts  # noqa: E402
 from monarch.actor import get_or_spawn_controller, this_host  # noqa: E402
 
 from forge.store._compat import AsyncController  # noqa: E402
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "policy"
 _STORE_NAME = ts.api.DEFAULT_TORCHSTORE_NAME

@@ -13,6 +13,7 @@ from forge.config import ForgeConfigModel
 from forge.controller import ProvisionerConfig
 from forge.data.episode_buffer import ReplayBufferConfig
 from forge.data.prompts import PromptDataConfig
+from forge.data.rewards import RewardFnName
 from forge.engines.titan.config import TitanEngineConfig
 from forge.observability import MetricsConfig
 
@@ -42,7 +43,7 @@ class EvalConfig(ForgeConfigModel):
     )
     num_prompts: int = 200
     max_tokens: int = 8
-    reward_fn: str = "exact_match"
+    reward_fn: RewardFnName = "exact_match"
 
 
 class WarmStartConfig(ForgeConfigModel):

@@ -61,3 +61,8 @@ def test_temperature_mismatch(write_grpo_config, capsys):
         capsys, ["--config", str(write_grpo_config()), "generator.sampling.temperature=0.7"]
     )
     assert "must equal generator.sampling.temperature" in err
+
+
+def test_unknown_eval_reward_function(write_grpo_config, capsys):
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), "eval.reward_fn=exact_mach"])
+    assert "eval.reward_fn" in err and "unknown reward function 'exact_mach'" in err

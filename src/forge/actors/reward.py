@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 from monarch.actor import endpoint
-from pydantic import model_validator
 
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
-from forge.data.rewards import RewardScorer, get_reward_fn
+from forge.data.rewards import RewardFnName, RewardScorer
 
 
 class RewardFnConfig(ForgeConfigModel):
     # A built-in name (forge.data.rewards.REWARD_FUNCTIONS) or "package.module:function".
-    name: str
+    name: RewardFnName
     weight: float = 1.0
-
-    @model_validator(mode="after")
-    def _known(self) -> RewardFnConfig:
-        get_reward_fn(self.name)  # fails at start-up with the known names
-        return self
 
 
 class RewardConfig(ForgeConfigModel):

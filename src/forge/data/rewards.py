@@ -17,6 +17,9 @@ import math
 import re
 from collections.abc import Callable
 from fractions import Fraction
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 from forge.observability import Reduce, record_metric
 
@@ -181,3 +184,12 @@ class RewardScorer:
             total += weight * value
         record_metric("reward/total", total, Reduce.MEAN)
         return total, breakdown
+
+
+def _check_reward_fn_name(name: str) -> str:
+    get_reward_fn(name)  # raises, naming the known functions, for an unknown name
+    return name
+
+
+# A config field naming a reward function: checked when the config is validated, at start-up.
+RewardFnName = Annotated[str, AfterValidator(_check_reward_fn_name)]

@@ -147,3 +147,30 @@ def test_service_routing_and_replica_replacement():
         await shutdown()
 
     run(main())
+
+
+def test_gpus_are_given_out_per_mesh_from_the_users_visible_devices(monkeypatch):
+    # The provisioner only hands out device ids, so this runs on a CPU machine too.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+
+    async def main():
+        first = await Counter.options(with_gpus=True).as_actor(0)
+        second = await Counter.options(with_gpus=True).as_actor(0)
+        assert {
+            await first.env.call_one("CUDA_VISIBLE_DEVICES"),
+            await second.env.call_one("CUDA_VISIBLE_DEVICES"),
+        } == {
+            "3",
+            "5",
+        }
+        with pytest.raises(RuntimeError, match="needs 1 GPU\\(s\\) but all GPUs are taken"):
+            await Counter.options(with_gpus=True).as_actor(0)
+        freed = await first.env.call_one("CUDA_VISIBLE_DEVICES")
+        await Counter.shutdown(first)
+        third = await Counter.options(with_gpus=True).as_actor(0)
+        assert await third.env.call_one("CUDA_VISIBLE_DEVICES") == freed  # a stopped mesh gives its GPU back
+        cpu_only = await Counter.as_actor(0)
+        assert await cpu_only.env.call_one("CUDA_VISIBLE_DEVICES") == ""  # no GPU asked for, none visible
+        await shutdown()
+
+    run(main())

@@ -80,10 +80,6 @@ class Provisioner:
         self._lock = asyncio.Lock()
         supervision.add_companion_mesh(FETCHER_MESH_NAME)
 
-    @property
-    def free_gpus(self) -> list[str]:
-        return list(self._free_gpus)
-
     async def get_proc_mesh(
         self, procs: int = 1, hosts: int | None = None, with_gpus: bool = False, name: str = "mesh"
     ) -> ProcMesh:

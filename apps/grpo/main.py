@@ -75,7 +75,7 @@ async def run(cfg: GRPOConfig) -> dict:
     save_config(cfg, out / "config.yaml")
     if cfg.actor_threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
-    await init_provisioner(cfg.provisioner)
+    await init_provisioner(cfg.provisioner, seed=cfg.seed)
     try:
         return await _train(cfg)
     finally:

@@ -70,7 +70,9 @@ async def rollout_step(
     sampling), and counted in `rollout/groups_skipped`.
     """
     rows = await _call(dataset.sample_batch)(prompts_per_step)
-    groups = await _call(generator.generate_batch)([r["prompt"] for r in rows], n=group_size)
+    groups = await _call(generator.generate_batch)(
+        [r["prompt"] for r in rows], [r["index"] for r in rows], n=group_size
+    )
     scored = await score_groups(rows, groups, reward, advantages)
     kept = [
         g for g in scored if not skip_groups_without_signal or has_signal(torch.tensor([e.reward for e in g]))

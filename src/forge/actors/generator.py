@@ -3,6 +3,11 @@
 Monarch runs one endpoint call of an actor at a time, so `update_weights` never lands in
 the middle of a `generate`: requests already running finish on the old weights, and every
 `Completion` carries the version that produced all of its tokens.
+
+With `sampling.seed` set, a sample is seeded by (seed, its prompt's sample key, its index):
+the rollout passes each prompt's position in the dataset's stream as its key, so a run
+draws the same samples however its prompts are batched, and a resumed run continues them.
+Calls without keys use the ordinal of the call instead.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from forge import store
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.data.types import Completion
-from forge.engines.generation import SamplingParams
+from forge.engines.generation import SamplingParams, sample_seed
 from forge.observability import Reduce, record_metric
 
 
@@ -47,6 +52,7 @@ class Generator(ForgeActor):
     def __init__(self, cfg: GeneratorConfig):
         self.cfg = cfg
         self.version = 0
+        self._unkeyed_calls = 0
 
     @endpoint
     async def setup(self) -> None:
@@ -62,19 +68,27 @@ class Generator(ForgeActor):
     @endpoint
     async def generate(self, prompt: str, **sampling: Any) -> list[Completion]:
         """`n` completions of `prompt` (sampling defaults from config, overridden by kwargs)."""
-        return self._generate([prompt], sampling)[0]
+        return self._generate([prompt], None, sampling)[0]
 
     @endpoint
-    async def generate_batch(self, prompts: list[str], **sampling: Any) -> list[list[Completion]]:
-        """`n` completions of each prompt, sampled together in one batch."""
-        return self._generate(prompts, sampling)
+    async def generate_batch(
+        self, prompts: list[str], sample_keys: list[int] | None = None, **sampling: Any
+    ) -> list[list[Completion]]:
+        """`n` completions of each prompt, sampled together in one batch; `sample_keys` (one
+        per prompt) choose the seeded random streams (see the module docstring)."""
+        return self._generate(prompts, sample_keys, sampling)
 
-    def _generate(self, prompts: list[str], overrides: dict[str, Any]) -> list[list[Completion]]:
+    def _generate(
+        self, prompts: list[str], sample_keys: list[int] | None, overrides: dict[str, Any]
+    ) -> list[list[Completion]]:
         # Overrides are validated like config: an unknown or bad sampling key fails here.
         params = SamplingParams.model_validate({**self.cfg.sampling.model_dump(), **overrides})
+        if sample_keys is None:
+            sample_keys = [sample_seed(self._unkeyed_calls, i) for i in range(len(prompts))]
+            self._unkeyed_calls += 1
         prompt_ids = [self.tokenizer(p).input_ids for p in prompts]
         started = time.perf_counter()
-        outputs = self.engine.generate(prompt_ids, params)
+        outputs = self.engine.generate(prompt_ids, params, sample_keys)
         elapsed = time.perf_counter() - started
         tokens = sum(len(seq.token_ids) for group in outputs for seq in group)
         record_metric("generator/tokens_per_s", tokens / max(elapsed, 1e-9), Reduce.MEAN)

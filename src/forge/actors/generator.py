@@ -8,6 +8,10 @@ With `sampling.seed` set, a sample is seeded by (seed, its prompt's sample key, 
 the rollout passes each prompt's position in the dataset's stream as its key, so a run
 draws the same samples however its prompts are batched, and a resumed run continues them.
 Calls without keys use the ordinal of the call instead.
+
+Weights: before each request the generator loads the newest complete version in the store,
+if there is a newer one (`forge.weight_sync.WeightPuller`); a request can ask for at least
+`min_version` and then waits for it. `update_weights(v)` loads exactly `v`.
 """
 
 from __future__ import annotations
@@ -17,12 +21,12 @@ from typing import Any, Literal
 
 from monarch.actor import endpoint
 
-from forge import store
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.data.types import Completion
 from forge.engines.generation import SamplingParams, sample_seed
 from forge.observability import Reduce, record_metric
+from forge.weight_sync import WeightPuller
 
 
 class GeneratorConfig(ForgeConfigModel):
@@ -64,19 +68,40 @@ class Generator(ForgeActor):
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
         self.engine = build_generation_engine(self.cfg, self.tokenizer.eos_token_id)
         self._weights = None  # receive buffers, allocated on the first update
+        self._puller = WeightPuller()
 
     @endpoint
-    async def generate(self, prompt: str, **sampling: Any) -> list[Completion]:
+    async def generate(self, prompt: str, min_version: int = 0, **sampling: Any) -> list[Completion]:
         """`n` completions of `prompt` (sampling defaults from config, overridden by kwargs)."""
+        await self._pick_up_newest(min_version)
         return self._generate([prompt], None, sampling)[0]
 
     @endpoint
     async def generate_batch(
-        self, prompts: list[str], sample_keys: list[int] | None = None, **sampling: Any
+        self,
+        prompts: list[str],
+        sample_keys: list[int] | None = None,
+        min_version: int = 0,
+        **sampling: Any,
     ) -> list[list[Completion]]:
         """`n` completions of each prompt, sampled together in one batch; `sample_keys` (one
-        per prompt) choose the seeded random streams (see the module docstring)."""
+        per prompt) choose the seeded random streams (see the module docstring); the policy
+        is the newest published one, and at least `min_version`."""
+        await self._pick_up_newest(min_version)
         return self._generate(prompts, sample_keys, sampling)
+
+    def _receive_buffers(self) -> dict:
+        if self._weights is None:
+            self._weights = self.engine.hf_state_dict_template()
+        return self._weights
+
+    async def _pick_up_newest(self, min_version: int) -> None:
+        started = time.perf_counter()
+        loaded = await self._puller.pull_newest(self.version, self._receive_buffers(), min_version)
+        if loaded is not None:
+            self.engine.load_hf_state_dict(self._weights)
+            self.version = loaded
+            record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
 
     def _generate(
         self, prompts: list[str], sample_keys: list[int] | None, overrides: dict[str, Any]
@@ -111,13 +136,12 @@ class Generator(ForgeActor):
 
     @endpoint
     async def update_weights(self, version: int) -> None:
-        """Loads `version` from the store into preallocated buffers, then into the engine."""
+        """Loads `version` (waiting for it to be published) into preallocated buffers, then
+        into the engine."""
         if version == self.version:
             return
         started = time.perf_counter()
-        if self._weights is None:
-            self._weights = self.engine.hf_state_dict_template()
-        await store.get_state_dict(version, into=self._weights)
+        await self._puller.pull(version, self._receive_buffers())
         self.engine.load_hf_state_dict(self._weights)
         self.version = version
         record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)

@@ -1,18 +1,24 @@
-"""TitanTrainer: the policy's training step, weight publishing and checkpoints, as an actor."""
+"""TitanTrainer: the policy's training step, weight publishing and checkpoints, as an actor.
+
+`push_weights` copies the weights into a snapshot and returns; the store transfer runs in
+the background on this actor's event loop while the next `train_step` computes in a worker
+thread (forge.weight_sync.WeightPublisher).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 from monarch.actor import current_rank, endpoint
 from pydantic import model_validator
 
-from forge import store
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.engines.titan.config import TitanEngineConfig
 from forge.observability import Reduce, record_metric
+from forge.weight_sync import WeightPublisher
 
 
 class LossConfig(ForgeConfigModel):
@@ -32,9 +38,10 @@ class LossConfig(ForgeConfigModel):
 class TitanTrainer(ForgeActor):
     """Runs on `procs` ranks (data parallel); every endpoint is called on all ranks."""
 
-    def __init__(self, engine: TitanEngineConfig, loss: LossConfig):
+    def __init__(self, engine: TitanEngineConfig, loss: LossConfig, keep_weight_versions: int = 2):
         self.engine_config = engine
         self.loss_config = loss
+        self.keep_weight_versions = keep_weight_versions
 
     @endpoint
     async def setup(self) -> None:
@@ -44,6 +51,7 @@ class TitanTrainer(ForgeActor):
         self.engine = TitanEngine(self.engine_config, trainable=True)
         self.loss_fn = build_loss(self.loss_config.name, **self.loss_config.params)
         self.rank = current_rank().rank
+        self.publisher = WeightPublisher(keep=self.keep_weight_versions)
 
     def _loss(self, logits, batch):
         return self.loss_fn(
@@ -63,7 +71,8 @@ class TitanTrainer(ForgeActor):
     async def train_step(self, inputs: list[dict], targets: list[dict]) -> dict[str, float]:
         """One optimizer step; `inputs[r]`/`targets[r]` is data-parallel rank r's share."""
         batch = self._rank_batch(inputs, targets)
-        metrics = self.engine.train_step(batch, self._loss)
+        # In a thread, so that a background weight publish progresses on the event loop.
+        metrics = await asyncio.to_thread(self.engine.train_step, batch, self._loss)
         if self.rank == 0:
             for key, value in metrics.items():
                 record_metric(key, value, Reduce.MEAN)
@@ -91,12 +100,18 @@ class TitanTrainer(ForgeActor):
 
     @endpoint
     async def push_weights(self, version: int) -> None:
-        """Publishes the current weights (HF names) to the store as `version`."""
+        """Publishes the current weights (HF names) as `version`: returns once they are copied,
+        the store transfer goes on in the background (`wait_published` waits for it)."""
         state_dict = self.engine.hf_state_dict()  # a collective: every rank gathers
         if self.rank == 0:
             started = time.perf_counter()
-            await store.put_state_dict(version, state_dict)
+            await self.publisher.publish(version, state_dict)
             record_metric("trainer/push_weights_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+
+    @endpoint
+    async def wait_published(self) -> None:
+        """Until the last `push_weights` is in the store (raises if that failed)."""
+        await self.publisher.wait()
 
     @endpoint
     async def save(self, extra_state: dict | None = None) -> str:

@@ -24,7 +24,7 @@ from monarch.actor import endpoint
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.data.types import Completion
-from forge.engines.generation import SamplingParams, sample_seed
+from forge.engines.generation import SamplingParams, sample_seed, to_completions
 from forge.observability import Reduce, record_metric
 from forge.weight_sync import WeightPuller
 
@@ -118,21 +118,7 @@ class Generator(ForgeActor):
         tokens = sum(len(seq.token_ids) for group in outputs for seq in group)
         record_metric("generator/tokens_per_s", tokens / max(elapsed, 1e-9), Reduce.MEAN)
         record_metric("generator/generated_tokens", tokens, Reduce.SUM)
-        return [
-            [
-                Completion(
-                    prompt=prompt,
-                    prompt_ids=list(ids),
-                    response_ids=seq.token_ids,
-                    logprobs=seq.logprobs,
-                    text=self.tokenizer.decode(seq.token_ids, skip_special_tokens=True),
-                    stop_reason=seq.stop_reason,
-                    policy_version=self.version,
-                )
-                for seq in group
-            ]
-            for prompt, ids, group in zip(prompts, prompt_ids, outputs, strict=True)
-        ]
+        return to_completions(prompts, prompt_ids, outputs, self.tokenizer, self.version)
 
     @endpoint
     async def update_weights(self, version: int) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from forge.data.types import StopReason
+from forge.data.types import Completion, StopReason
 
 
 class SamplingParams(BaseModel):
@@ -92,6 +92,31 @@ class GenerationEngine(ABC):
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copies the weights into the engine's parameters in place. Raises ``ValueError``
         naming missing/unexpected keys and shape mismatches, before copying anything."""
+
+
+def to_completions(
+    prompts: Sequence[str],
+    prompt_ids: Sequence[Sequence[int]],
+    outputs: list[list[GeneratedSequence]],
+    tokenizer,
+    policy_version: int,
+) -> list[list[Completion]]:
+    """An engine's samples as `Completion`s (text decoded without special tokens)."""
+    return [
+        [
+            Completion(
+                prompt=prompt,
+                prompt_ids=list(ids),
+                response_ids=seq.token_ids,
+                logprobs=seq.logprobs,
+                text=tokenizer.decode(seq.token_ids, skip_special_tokens=True),
+                stop_reason=seq.stop_reason,
+                policy_version=policy_version,
+            )
+            for seq in group
+        ]
+        for prompt, ids, group in zip(prompts, prompt_ids, outputs, strict=True)
+    ]
 
 
 def check_model_dir(path: str, key: str) -> None:

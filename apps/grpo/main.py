@@ -94,7 +94,7 @@ async def _train(cfg: GRPOConfig) -> dict:
         DatasetActor.as_actor(cfg.dataset),
         Generator.options(with_gpus=gpus).as_actor(cfg.generator),
         TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus).as_actor(
-            cfg.trainer.engine, cfg.trainer.loss
+            cfg.trainer.engine, cfg.trainer.loss, weights_dtype=cfg.generator.dtype
         ),
         ReplayBuffer.as_actor(cfg.replay_buffer, pad_id),
         RewardActor.as_actor(cfg.reward),

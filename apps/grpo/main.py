@@ -107,7 +107,10 @@ async def _train(cfg: GRPOConfig) -> dict:
         DatasetActor.as_actor(cfg.dataset),
         Generator.options(with_gpus=gpus).as_actor(cfg.generator),
         TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus).as_actor(
-            cfg.trainer.engine, cfg.trainer.loss, cfg.keep_weight_versions
+            cfg.trainer.engine,
+            cfg.trainer.loss,
+            weights_dtype=cfg.generator.dtype,
+            keep_weight_versions=cfg.keep_weight_versions,
         ),
         ReplayBuffer.as_actor(cfg.replay_buffer, pad_id),
         RewardActor.as_actor(cfg.reward),

@@ -11,6 +11,7 @@ import asyncio
 import time
 from typing import Any
 
+import torch
 from monarch.actor import current_rank, endpoint
 from pydantic import model_validator
 
@@ -38,9 +39,17 @@ class LossConfig(ForgeConfigModel):
 class TitanTrainer(ForgeActor):
     """Runs on `procs` ranks (data parallel); every endpoint is called on all ranks."""
 
-    def __init__(self, engine: TitanEngineConfig, loss: LossConfig, keep_weight_versions: int = 2):
+    def __init__(
+        self,
+        engine: TitanEngineConfig,
+        loss: LossConfig,
+        weights_dtype: str | None = None,
+        keep_weight_versions: int = 2,
+    ):
         self.engine_config = engine
         self.loss_config = loss
+        # The dtype the weights travel in: the generator's. None keeps the parameters' own.
+        self.weights_dtype = weights_dtype
         self.keep_weight_versions = keep_weight_versions
 
     @endpoint
@@ -102,7 +111,8 @@ class TitanTrainer(ForgeActor):
     async def push_weights(self, version: int) -> None:
         """Publishes the current weights (HF names) as `version`: returns once they are copied,
         the store transfer goes on in the background (`wait_published` waits for it)."""
-        state_dict = self.engine.hf_state_dict()  # a collective: every rank gathers
+        dtype = getattr(torch, self.weights_dtype) if self.weights_dtype else None
+        state_dict = self.engine.hf_state_dict(dtype)  # a collective: every rank gathers
         if self.rank == 0:
             started = time.perf_counter()
             await self.publisher.publish(version, state_dict)

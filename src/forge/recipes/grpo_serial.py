@@ -137,7 +137,7 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
         version += 1
         # 3. The sampler takes the new weights.
         sync_started = time.perf_counter()
-        sampler.load_hf_state_dict(policy.hf_state_dict())
+        sampler.load_hf_state_dict(policy.hf_state_dict(getattr(torch, cfg.generator.dtype)))
         record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
             history["eval_accuracy"].append((step, accuracy()))

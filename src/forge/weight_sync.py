@@ -131,8 +131,9 @@ class WeightPuller:
     async def pull_newest(
         self, current: int, into: dict[str, torch.Tensor], min_version: int = 0
     ) -> int | None:
-        """Loads the newest complete version if it is newer than `current`; waits while none
+        """Loads the newest complete version if it is newer than `current`, waiting until one
         is at least `min_version`. Returns the version loaded, or None."""
+        loaded = None
         while True:
             newest = await self.newest()
             if newest is not None and newest > current:
@@ -142,7 +143,7 @@ class WeightPuller:
                 except store.VersionNotFoundError:
                     continue  # deleted while read: a newer one exists
                 _record_sync("pull", _nbytes(into), time.perf_counter() - started)
-                return newest
+                loaded = current = newest
             if current >= min_version:
-                return None
+                return loaded
             await asyncio.sleep(self.poll_s)

@@ -55,6 +55,7 @@ def main() -> None:
     serial_row = summary(
         "serial", cfg, serial["metrics"], serial["eval_accuracy"][-1][1], time.perf_counter() - started
     )
+    print(f"serial: {serial_row}", flush=True)
 
     config_path = Path(cfg.output_dir) / "bench_config.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)

@@ -141,7 +141,6 @@ async def _train(cfg: GRPOConfig) -> dict:
                     advantages=advantages,
                     reference=reference,
                     replay_buffer=replay_buffer,
-                    pad_id=pad_id,
                     prompts_per_step=cfg.rollout.prompts_per_step,
                     group_size=cfg.rollout.group_size,
                     skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
@@ -166,12 +165,12 @@ async def _train(cfg: GRPOConfig) -> dict:
             while (batch := await replay_buffer.sample.call_one(version)) is None:
                 await asyncio.sleep(0.05)
             record_metric("grpo/wait_batch_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
-            inputs, targets, episode_versions = batch
-            await trainer.train_step.call(inputs, targets)
+            await trainer.train_step.call(batch)
             version += 1
             sync_started = time.perf_counter()
             await trainer.push_weights.call(version)
             record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
+            episode_versions = [int(v) for b in batch for v in b.policy_versions]
             record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
             await bound.trained(episode_versions)
             accuracy = None

@@ -24,7 +24,6 @@ import torch
 from transformers import AutoTokenizer
 
 from forge.actors.generator import build_generation_engine
-from forge.data.episode_batch import collate_episodes, response_logprobs
 from forge.data.episode_buffer import EpisodeBuffer
 from forge.data.prompts import PromptCursor, load_prompt_rows
 from forge.data.rewards import RewardScorer, get_reward_fn
@@ -34,6 +33,7 @@ from forge.engines.titan.engine import TitanEngine
 from forge.observability import Reduce, record_metric
 from forge.observability.collector import pop_state
 from forge.rl.advantage import group_advantages, has_signal
+from forge.rl.batch import PolicyBatch, pad_sequences, response_rows
 from forge.rl.losses import build_loss
 from forge.rl.ops import compute_logprobs
 
@@ -90,26 +90,17 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
                 for c, (total, parts), a in zip(group, scores, advantages, strict=True)
             ]
         if episodes and reference is not None:
-            inputs, targets = collate_episodes(episodes, pad_id)
-            with torch.no_grad():
-                logits = reference.forward(inputs["tokens"])
+            completions = [e.completion for e in episodes]
+            tokens, target_ids, mask = pad_sequences(
+                [c.prompt_ids for c in completions], [c.response_ids for c in completions], pad_id=0
+            )
+            logits = reference.forward(tokens)
             temperature = cfg.generator.sampling.temperature
-            logprobs = compute_logprobs(logits, targets["target_ids"].to(logits.device), temperature).cpu()
-            lengths = ([e.prompt_len for e in episodes], [e.response_len for e in episodes])
-            for episode, row in zip(episodes, response_logprobs(logprobs, *lengths), strict=True):
+            logprobs = compute_logprobs(logits, target_ids.to(logits.device), temperature).cpu()
+            for episode, row in zip(episodes, response_rows(logprobs, mask), strict=True):
                 episode.ref_logprobs = row
         for episode in episodes:
             buffer.add(episode)
-
-    def loss(logits, batch):
-        return loss_fn(
-            logits,
-            batch["target_ids"],
-            batch["advantages"],
-            batch["generator_logprobs"],
-            batch["loss_mask"],
-            ref_logprobs=batch.get("ref_logprobs"),
-        )
 
     def accuracy() -> float:
         greedy = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.eval.max_tokens)
@@ -130,9 +121,7 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
             rollout(version)
         # 2. One optimizer step on a batch.
         [episodes] = buffer.sample(version)
-        inputs, targets = collate_episodes(episodes, pad_id)
-        batch = {**inputs, **{k: v for k, v in targets.items() if v is not None}}
-        for key, value in policy.train_step(batch, loss).items():
+        for key, value in policy.train_step(PolicyBatch.from_episodes(episodes, pad_id), loss_fn).items():
             record_metric(key, value, Reduce.MEAN)
         version += 1
         # 3. The sampler takes the new weights.

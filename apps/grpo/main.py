@@ -43,6 +43,7 @@ from forge.engines.generation import check_model_dir
 from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.rollout import greedy_accuracy, rollout_step
 from forge.staleness import StalenessBound
+from forge.weight_sync import resolve_transport
 
 
 def ensure_warm_start(cfg: GRPOConfig) -> None:
@@ -102,15 +103,19 @@ async def _train(cfg: GRPOConfig) -> dict:
     from transformers import AutoTokenizer
 
     pad_id = AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
+    transport = resolve_transport(cfg.generator.weight_transport)
     gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
     dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
-        Generator.options(with_gpus=gpus).as_actor(cfg.generator),
+        Generator.options(with_gpus=gpus).as_actor(
+            cfg.generator.model_copy(update={"weight_transport": transport})
+        ),
         TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus, gpu_group="trainer").as_actor(
             cfg.trainer.engine,
             cfg.trainer.loss,
             weights_dtype=cfg.generator.dtype,
             keep_weight_versions=cfg.keep_weight_versions,
+            weight_transport=transport,
         ),
         ReplayBuffer.as_actor(cfg.replay_buffer, pad_id),
         RewardActor.as_actor(cfg.reward),

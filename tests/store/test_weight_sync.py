@@ -3,6 +3,7 @@ old versions deleted, the newest complete version picked up, metrics of each syn
 
 import asyncio
 
+import pytest
 import torch
 
 from forge import store
@@ -47,6 +48,30 @@ def test_publish_in_background_pull_newest_and_keep():
             nbytes = 64 * 32 * 4 + 32 * 2
             assert metrics["weight_sync/publish_bytes"] == metrics["weight_sync/pull_bytes"] == nbytes
             assert metrics["weight_sync/publish_gb_per_s"] > 0 and metrics["weight_sync/pull_s"] > 0
+        finally:
+            await store.shutdown()
+            await shutdown()
+
+    asyncio.run(main())
+
+
+def test_small_objects_are_versioned_under_their_own_prefix():
+    # How CudaIpcTransport publishes a version: its handle, as one object, beside the tensors' versions.
+    async def main():
+        await store.initialize()
+        try:
+            await store.put_object(3, {"handle": b"\x01\x02"}, "policy_ipc")
+            await store.put_object(4, {"handle": b"\x03"}, "policy_ipc")
+            assert await store.versions("policy_ipc") == [3, 4]
+            assert await store.versions() == []  # the tensor versions are another directory
+            assert await store.get_object(4, "policy_ipc") == {"handle": b"\x03"}
+            await store.delete_object(3, "policy_ipc")
+            assert await store.versions("policy_ipc") == [4]
+            with pytest.raises(
+                store.VersionNotFoundError,
+                match=r"version 3 is not in the store \(published under 'policy_ipc': \[4\]\)",
+            ):
+                await store.get_object(3, "policy_ipc")
         finally:
             await store.shutdown()
             await shutdown()

@@ -26,7 +26,7 @@ from forge.controller import ForgeActor
 from forge.data.types import Completion
 from forge.engines.generation import SamplingParams, sample_seed, to_completions
 from forge.observability import Reduce, record_metric
-from forge.weight_sync import WeightPuller
+from forge.weight_sync import WeightPuller, build_transport
 
 
 class GeneratorConfig(ForgeConfigModel):
@@ -37,6 +37,9 @@ class GeneratorConfig(ForgeConfigModel):
     engine: Literal["hf"] = "hf"
     dtype: Literal["float32", "bfloat16"] = "float32"
     sampling: SamplingParams = SamplingParams()
+    # How new weights reach this generator (forge.weight_sync): auto is cuda_ipc when the run
+    # has GPUs (trainer and generator on one host), store otherwise.
+    weight_transport: Literal["auto", "store", "cuda_ipc"] = "auto"
 
 
 def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None):
@@ -68,7 +71,7 @@ class Generator(ForgeActor):
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
         self.engine = build_generation_engine(self.cfg, self.tokenizer.eos_token_id)
         self._weights = None  # receive buffers, allocated on the first update
-        self._puller = WeightPuller()
+        self._puller = WeightPuller(build_transport(self.cfg.weight_transport))
 
     @endpoint
     async def generate(self, prompt: str, min_version: int = 0, **sampling: Any) -> list[Completion]:

@@ -20,7 +20,7 @@ from forge.controller import ForgeActor
 from forge.engines.titan.config import TitanEngineConfig
 from forge.observability import Reduce, record_metric
 from forge.rl.batch import PolicyBatch
-from forge.weight_sync import WeightPublisher
+from forge.weight_sync import WeightPublisher, build_transport
 
 
 class LossConfig(ForgeConfigModel):
@@ -46,12 +46,14 @@ class TitanTrainer(ForgeActor):
         loss: LossConfig,
         weights_dtype: str | None = None,
         keep_weight_versions: int = 2,
+        weight_transport: str = "store",
     ):
         self.engine_config = engine
         self.loss_config = loss
         # The dtype the weights travel in: the generator's. None keeps the parameters' own.
         self.weights_dtype = weights_dtype
         self.keep_weight_versions = keep_weight_versions
+        self.weight_transport = weight_transport
 
     @endpoint
     async def setup(self) -> None:
@@ -61,7 +63,7 @@ class TitanTrainer(ForgeActor):
         self.engine = TitanEngine(self.engine_config, trainable=True)
         self.loss_fn = build_loss(self.loss_config.name, **self.loss_config.params)
         self.rank = current_rank().rank
-        self.publisher = WeightPublisher(keep=self.keep_weight_versions)
+        self.publisher = WeightPublisher(self.keep_weight_versions, build_transport(self.weight_transport))
 
     @endpoint
     async def train_step(self, batches: list[PolicyBatch]) -> dict[str, float]:

@@ -1,38 +1,75 @@
 """Generator: samples completions with per-token logprobs; loads new weights from the store.
 
-Monarch runs one endpoint call of an actor at a time, so `update_weights` never lands in
-the middle of a `generate`: requests already running finish on the old weights, and every
-`Completion` carries the version that produced all of its tokens.
+`generate` and `generate_batch` are concurrent endpoints: each call runs as its own task, so
+the rollout loops' calls reach the engine together. The vLLM engine serves them in shared
+batches from its own thread and loads new weights between requests (running ones finish on
+the old weights); the native engine runs synchronously, one batch at a time, so weights never
+change under it. Either way every `Completion` carries the version that produced all of its
+tokens.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import time
 from typing import Any, Literal
 
-from monarch.actor import endpoint
+from monarch.actor import concurrent_endpoint, endpoint
+from pydantic import model_validator
 
 from forge import store
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.data.types import Completion
-from forge.engines.generation import SamplingParams
+from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams
+from forge.engines.vllm import VLLMConfig
 from forge.observability import Reduce, record_metric
+
+logger = logging.getLogger(__name__)
 
 
 class GeneratorConfig(ForgeConfigModel):
     # A local Hugging Face directory (config.json, *.safetensors, tokenizer files).
     model_path: str
-    # The engine behind the `GenerationEngine` interface. Only the native transformers engine
-    # exists so far; a vLLM engine plugs in here by implementing the same interface.
-    engine: Literal["hf"] = "hf"
+    # The engine behind the `GenerationEngine` interface: `vllm`, or `hf` (native transformers).
+    # `auto` takes vllm where CUDA is available (and vllm installed), hf otherwise: on CPU the
+    # native engine is much faster for the tiny demo models.
+    engine: Literal["auto", "vllm", "hf"] = "auto"
     dtype: Literal["float32", "bfloat16"] = "float32"
+    vllm: VLLMConfig = VLLMConfig()
     sampling: SamplingParams = SamplingParams()
+
+    @model_validator(mode="after")
+    def _room_for_samples(self) -> GeneratorConfig:
+        if self.vllm.max_model_len is not None and self.vllm.max_model_len <= self.sampling.max_tokens:
+            raise ValueError(
+                f"generator.vllm.max_model_len ({self.vllm.max_model_len}) must exceed "
+                f"generator.sampling.max_tokens ({self.sampling.max_tokens}): it bounds prompt + response"
+            )
+        return self
+
+
+def resolve_engine(engine: str) -> str:
+    """`auto` -> `vllm` where CUDA is available and vllm is installed, else `hf`."""
+    if engine != "auto":
+        return engine
+    import torch
+
+    return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
 
 
 def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None):
     """The engine named by `cfg.engine` (engines are imported lazily, only when chosen)."""
     import torch
+
+    engine = resolve_engine(cfg.engine)
+    logger.info("generator engine: %s (generator.engine=%s)", engine, cfg.engine)
+    if engine == "vllm":
+        from forge.engines.vllm import VLLMEngine
+
+        return VLLMEngine(cfg.model_path, cfg.vllm, dtype=cfg.dtype, eos_token_id=eos_token_id)
+
     from transformers import AutoModelForCausalLM
 
     from forge.engines.hf_generate import HFGenerateEngine
@@ -59,22 +96,26 @@ class Generator(ForgeActor):
         self.engine = build_generation_engine(self.cfg, self.tokenizer.eos_token_id)
         self._weights = None  # receive buffers, allocated on the first update
 
-    @endpoint
+    @concurrent_endpoint
     async def generate(self, prompt: str, **sampling: Any) -> list[Completion]:
         """`n` completions of `prompt` (sampling defaults from config, overridden by kwargs)."""
-        return self._generate([prompt], sampling)[0]
+        return (await self._generate([prompt], sampling))[0]
 
-    @endpoint
+    @concurrent_endpoint
     async def generate_batch(self, prompts: list[str], **sampling: Any) -> list[list[Completion]]:
         """`n` completions of each prompt, sampled together in one batch."""
-        return self._generate(prompts, sampling)
+        return await self._generate(prompts, sampling)
 
-    def _generate(self, prompts: list[str], overrides: dict[str, Any]) -> list[list[Completion]]:
+    async def _generate(self, prompts: list[str], overrides: dict[str, Any]) -> list[list[Completion]]:
         # Overrides are validated like config: an unknown or bad sampling key fails here.
         params = SamplingParams.model_validate({**self.cfg.sampling.model_dump(), **overrides})
         prompt_ids = [self.tokenizer(p).input_ids for p in prompts]
         started = time.perf_counter()
-        outputs = self.engine.generate(prompt_ids, params)
+        if isinstance(self.engine, ConcurrentGenerationEngine):
+            version, outputs = await self.engine.generate_async(prompt_ids, params)
+        else:
+            # Synchronous: no update can run between reading the version and sampling.
+            version, outputs = self.version, self.engine.generate(prompt_ids, params)
         elapsed = time.perf_counter() - started
         tokens = sum(len(seq.token_ids) for group in outputs for seq in group)
         record_metric("generator/tokens_per_s", tokens / max(elapsed, 1e-9), Reduce.MEAN)
@@ -88,7 +129,7 @@ class Generator(ForgeActor):
                     logprobs=seq.logprobs,
                     text=self.tokenizer.decode(seq.token_ids, skip_special_tokens=True),
                     stop_reason=seq.stop_reason,
-                    policy_version=self.version,
+                    policy_version=version,
                 )
                 for seq in group
             ]
@@ -104,9 +145,19 @@ class Generator(ForgeActor):
         if self._weights is None:
             self._weights = self.engine.hf_state_dict_template()
         await store.get_state_dict(version, into=self._weights)
-        self.engine.load_hf_state_dict(self._weights)
+        if isinstance(self.engine, ConcurrentGenerationEngine):
+            # Returns once the requests running now have finished and the weights are in.
+            await self.engine.load_hf_state_dict_async(self._weights, version)
+            record_metric("generator/weight_load_ms", self.engine.last_load_seconds * 1e3, Reduce.MEAN)
+        else:
+            self.engine.load_hf_state_dict(self._weights)
         self.version = version
         record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+        record_metric(
+            "generator/weight_sync_bytes",
+            sum(t.numel() * t.element_size() for t in self._weights.values()),
+            Reduce.SUM,
+        )
 
     @endpoint
     async def get_version(self) -> int:

@@ -73,7 +73,7 @@ def test_concurrent_calls_and_in_place_updates(tiny_policy_hd32):
             inputs, targets = collate_episodes(episodes_from(stale)[:16], pad_id=0)
             await trainer.train_step.call_one([inputs], [targets])
             await trainer.push_weights.call_one(1)
-            running = asyncio.create_task(generator.generate_batch.call_one(PROMPTS * 4, n=4, max_tokens=48))
+            running = asyncio.create_task(call("running", PROMPTS * 4, n=4, max_tokens=48))
             await asyncio.sleep(0.3)
             await generator.update_weights.call_one(1)
             assert {c.policy_version for group in await running for c in group} == {0}

@@ -174,7 +174,7 @@ def part_plain(args, path: Path) -> None:
     record(args, "plain", "start-up (LLM(...))", startup, "s")
     batch = [{"prompt_token_ids": p} for p in prompts(args, vocab_of(path))]
     params = VLLMSamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, seed=0, logprobs=0)
-    llm.generate(batch[:4], params, use_tqdm=False)  # warm-up
+    llm.generate(batch, VLLMSamplingParams(n=args.n, max_tokens=8, seed=0), use_tqdm=False)  # warm-up
     outputs, elapsed = timed(lambda: llm.generate(batch, params, use_tqdm=False))
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     record(args, "plain", "LLM.generate, one call, generated tokens/s", tokens / elapsed, "tokens/s")
@@ -184,7 +184,7 @@ def part_engine(args, path: Path) -> None:
     engine, startup = timed(lambda: VLLMEngine(str(path), vllm_config(args), dtype=args.dtype))
     record(args, "engine", "start-up (VLLMEngine)", startup, "s")
     batch, params = prompts(args, vocab_of(path)), sampling(args)
-    engine.generate(batch[:4], params)  # warm-up
+    engine.generate(batch, params.model_copy(update={"max_tokens": 8}))  # warm-up
     samples, elapsed = timed(lambda: engine.generate(batch, params))
     record(args, "engine", "generate, one call, generated tokens/s", count(samples) / elapsed, "tokens/s")
 
@@ -212,7 +212,7 @@ def part_engine(args, path: Path) -> None:
         statistics.median(seconds),
         "s",
     )
-    record(args, "engine", "bytes per weight update", sum(t.nbytes for t in weights.values()) / 1e9, "GB")
+    record(args, "engine", "bytes per weight update", sum(t.nbytes for t in weights.values()) / 1e6, "MB")
     engine.close()
 
 
@@ -237,7 +237,7 @@ async def _actor(args, path: Path, engine: str) -> None:
         record(
             args, engine, f"start-up (Generator actor, engine={engine})", time.perf_counter() - started, "s"
         )
-        await generator.generate_batch.call_one(texts[:4])  # warm-up
+        await generator.generate_batch.call_one(texts, max_tokens=8)  # warm-up
         chunk = args.hf_chunk if engine == "hf" else -(-len(texts) // CONCURRENT_CALLS)
         started = time.perf_counter()
         results = await asyncio.gather(

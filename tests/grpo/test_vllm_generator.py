@@ -11,10 +11,10 @@ from forge import store  # noqa: E402
 from forge.actors.generator import Generator, GeneratorConfig  # noqa: E402
 from forge.actors.trainer import LossConfig, TitanTrainer  # noqa: E402
 from forge.controller import shutdown  # noqa: E402
-from forge.data.episode_batch import collate_episodes  # noqa: E402
 from forge.data.tokenizer import embedded_tokenizer  # noqa: E402
 from forge.data.types import Episode  # noqa: E402
 from forge.engines.titan.config import TitanEngineConfig  # noqa: E402
+from forge.rl.batch import PolicyBatch  # noqa: E402
 
 PROMPTS = ["12+34=", "7+8=", "55+5=", "9+90="]
 
@@ -70,8 +70,9 @@ def test_concurrent_calls_and_in_place_updates(tiny_policy_hd32):
 
             # The trainer changes its weights and publishes them as version 1. An update sent
             # while a long call runs waits for it: that call's samples are all version 0.
-            inputs, targets = collate_episodes(episodes_from(stale)[:16], pad_id=0)
-            await trainer.train_step.call_one([inputs], [targets])
+            await trainer.train_step.call_one(
+                [PolicyBatch.from_episodes(episodes_from(stale)[:16], pad_id=0)]
+            )
             await trainer.push_weights.call_one(1)
             running = asyncio.create_task(call("running", PROMPTS * 4, n=4, max_tokens=48))
             await asyncio.sleep(0.3)
@@ -82,15 +83,13 @@ def test_concurrent_calls_and_in_place_updates(tiny_policy_hd32):
             # Later calls sample from exactly the trainer's new distribution...
             fresh = episodes_from(await generator.generate_batch.call_one(PROMPTS, n=4))
             assert {e.policy_version for e in fresh} == {1}
-            inputs, targets = collate_episodes(fresh, pad_id=0)
-            logprobs = await trainer.compute_logprobs.call_one(inputs["tokens"], targets["target_ids"])
-            mask = targets["loss_mask"]
-            assert float(((logprobs - targets["generator_logprobs"]).abs() * mask).max()) < 1e-4
+            batch = PolicyBatch.from_episodes(fresh, pad_id=0)
+            logprobs = await trainer.compute_logprobs.call_one(batch.tokens, batch.target_ids)
+            assert float(((logprobs - batch.generator_logprobs).abs() * batch.loss_mask).max()) < 1e-4
             # ...which the old samples do not come from.
-            inputs, targets = collate_episodes(episodes_from(stale), pad_id=0)
-            logprobs = await trainer.compute_logprobs.call_one(inputs["tokens"], targets["target_ids"])
-            mask = targets["loss_mask"]
-            assert float(((logprobs - targets["generator_logprobs"]).abs() * mask).max()) > 1e-3
+            batch = PolicyBatch.from_episodes(episodes_from(stale), pad_id=0)
+            logprobs = await trainer.compute_logprobs.call_one(batch.tokens, batch.target_ids)
+            assert float(((logprobs - batch.generator_logprobs).abs() * batch.loss_mask).max()) > 1e-3
         finally:
             await store.shutdown()
             await shutdown()

@@ -1,15 +1,29 @@
 """Generator: samples completions with per-token logprobs; loads new weights from the store.
 
+Monarch runs one endpoint call of an actor at a time, so `update_weights` never lands in
+the middle of a `generate`: requests already running finish on the old weights, and every
+`Completion` carries the version that produced all of its tokens.
+
+With `sampling.seed` set, a sample is seeded by (seed, its prompt's sample key, its index):
+the rollout passes each prompt's position in the dataset's stream as its key, so a run
+draws the same samples however its prompts are batched, and a resumed run continues them.
+Calls without keys use the ordinal of the call instead.
+
+Weights: before each request the generator loads the newest complete version in the store,
+if there is a newer one (`forge.weight_sync.WeightPuller`); a request can ask for at least
+`min_version` and then waits for it. `update_weights(v)` loads exactly `v`.
+
 `generate` and `generate_batch` are concurrent endpoints: each call runs as its own task, so
 the rollout loops' calls reach the engine together. The vLLM engine serves them in shared
 batches from its own thread and loads new weights between requests (running ones finish on
-the old weights); the native engine runs synchronously, one batch at a time, so weights never
-change under it. Either way every `Completion` carries the version that produced all of its
-tokens.
+the old weights, and it reports the version of each result); the native engine samples
+synchronously, so weights never change under it. One weight load runs at a time (a lock:
+they share the receive buffers).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import logging
 import time
@@ -18,13 +32,13 @@ from typing import Any, Literal
 from monarch.actor import concurrent_endpoint, endpoint
 from pydantic import model_validator
 
-from forge import store
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.data.types import Completion
-from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams
+from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams, sample_seed, to_completions
 from forge.engines.vllm import VLLMConfig
 from forge.observability import Reduce, record_metric
+from forge.weight_sync import WeightPuller, build_transport
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +53,9 @@ class GeneratorConfig(ForgeConfigModel):
     dtype: Literal["float32", "bfloat16"] = "float32"
     vllm: VLLMConfig = VLLMConfig()
     sampling: SamplingParams = SamplingParams()
+    # How new weights reach this generator (forge.weight_sync): auto is cuda_ipc when the run
+    # has GPUs (trainer and generator on one host), store otherwise.
+    weight_transport: Literal["auto", "store", "cuda_ipc"] = "auto"
 
     @model_validator(mode="after")
     def _room_for_samples(self) -> GeneratorConfig:
@@ -84,6 +101,7 @@ class Generator(ForgeActor):
     def __init__(self, cfg: GeneratorConfig):
         self.cfg = cfg
         self.version = 0
+        self._unkeyed_calls = 0
 
     @endpoint
     async def setup(self) -> None:
@@ -95,56 +113,43 @@ class Generator(ForgeActor):
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
         self.engine = build_generation_engine(self.cfg, self.tokenizer.eos_token_id)
         self._weights = None  # receive buffers, allocated on the first update
+        self._puller = WeightPuller(build_transport(self.cfg.weight_transport))
+        self._loading = asyncio.Lock()
 
     @concurrent_endpoint
-    async def generate(self, prompt: str, **sampling: Any) -> list[Completion]:
+    async def generate(self, prompt: str, min_version: int = 0, **sampling: Any) -> list[Completion]:
         """`n` completions of `prompt` (sampling defaults from config, overridden by kwargs)."""
-        return (await self._generate([prompt], sampling))[0]
+        await self._pick_up_newest(min_version)
+        return (await self._generate([prompt], None, sampling))[0]
 
     @concurrent_endpoint
-    async def generate_batch(self, prompts: list[str], **sampling: Any) -> list[list[Completion]]:
-        """`n` completions of each prompt, sampled together in one batch."""
-        return await self._generate(prompts, sampling)
+    async def generate_batch(
+        self,
+        prompts: list[str],
+        sample_keys: list[int] | None = None,
+        min_version: int = 0,
+        **sampling: Any,
+    ) -> list[list[Completion]]:
+        """`n` completions of each prompt, sampled together in one batch; `sample_keys` (one
+        per prompt) choose the seeded random streams (see the module docstring); the policy
+        is the newest published one, and at least `min_version`."""
+        await self._pick_up_newest(min_version)
+        return await self._generate(prompts, sample_keys, sampling)
 
-    async def _generate(self, prompts: list[str], overrides: dict[str, Any]) -> list[list[Completion]]:
-        # Overrides are validated like config: an unknown or bad sampling key fails here.
-        params = SamplingParams.model_validate({**self.cfg.sampling.model_dump(), **overrides})
-        prompt_ids = [self.tokenizer(p).input_ids for p in prompts]
-        started = time.perf_counter()
-        if isinstance(self.engine, ConcurrentGenerationEngine):
-            version, outputs = await self.engine.generate_async(prompt_ids, params)
-        else:
-            # Synchronous: no update can run between reading the version and sampling.
-            version, outputs = self.version, self.engine.generate(prompt_ids, params)
-        elapsed = time.perf_counter() - started
-        tokens = sum(len(seq.token_ids) for group in outputs for seq in group)
-        record_metric("generator/tokens_per_s", tokens / max(elapsed, 1e-9), Reduce.MEAN)
-        record_metric("generator/generated_tokens", tokens, Reduce.SUM)
-        return [
-            [
-                Completion(
-                    prompt=prompt,
-                    prompt_ids=list(ids),
-                    response_ids=seq.token_ids,
-                    logprobs=seq.logprobs,
-                    text=self.tokenizer.decode(seq.token_ids, skip_special_tokens=True),
-                    stop_reason=seq.stop_reason,
-                    policy_version=version,
-                )
-                for seq in group
-            ]
-            for prompt, ids, group in zip(prompts, prompt_ids, outputs, strict=True)
-        ]
-
-    @endpoint
-    async def update_weights(self, version: int) -> None:
-        """Loads `version` from the store into preallocated buffers, then into the engine."""
-        if version == self.version:
-            return
-        started = time.perf_counter()
+    def _receive_buffers(self) -> dict:
         if self._weights is None:
             self._weights = self.engine.hf_state_dict_template()
-        await store.get_state_dict(version, into=self._weights)
+        return self._weights
+
+    async def _pick_up_newest(self, min_version: int) -> None:
+        async with self._loading:
+            started = time.perf_counter()
+            loaded = await self._puller.pull_newest(self.version, self._receive_buffers(), min_version)
+            if loaded is not None:
+                await self._load_received(loaded, started)
+
+    async def _load_received(self, version: int, started: float) -> None:
+        """Loads the receive buffers into the engine as `version` (under `self._loading`)."""
         if isinstance(self.engine, ConcurrentGenerationEngine):
             # Returns once the requests running now have finished and the weights are in.
             await self.engine.load_hf_state_dict_async(self._weights, version)
@@ -158,6 +163,38 @@ class Generator(ForgeActor):
             sum(t.numel() * t.element_size() for t in self._weights.values()),
             Reduce.SUM,
         )
+
+    async def _generate(
+        self, prompts: list[str], sample_keys: list[int] | None, overrides: dict[str, Any]
+    ) -> list[list[Completion]]:
+        # Overrides are validated like config: an unknown or bad sampling key fails here.
+        params = SamplingParams.model_validate({**self.cfg.sampling.model_dump(), **overrides})
+        if sample_keys is None:
+            sample_keys = [sample_seed(self._unkeyed_calls, i) for i in range(len(prompts))]
+            self._unkeyed_calls += 1
+        prompt_ids = [self.tokenizer(p).input_ids for p in prompts]
+        started = time.perf_counter()
+        if isinstance(self.engine, ConcurrentGenerationEngine):
+            version, outputs = await self.engine.generate_async(prompt_ids, params, sample_keys)
+        else:
+            # Synchronous: no weight load can run between reading the version and sampling.
+            version, outputs = self.version, self.engine.generate(prompt_ids, params, sample_keys)
+        elapsed = time.perf_counter() - started
+        tokens = sum(len(seq.token_ids) for group in outputs for seq in group)
+        record_metric("generator/tokens_per_s", tokens / max(elapsed, 1e-9), Reduce.MEAN)
+        record_metric("generator/generated_tokens", tokens, Reduce.SUM)
+        return to_completions(prompts, prompt_ids, outputs, self.tokenizer, version)
+
+    @endpoint
+    async def update_weights(self, version: int) -> None:
+        """Loads `version` (waiting for it to be published) into preallocated buffers, then
+        into the engine."""
+        async with self._loading:
+            if version == self.version:
+                return
+            started = time.perf_counter()
+            await self._puller.pull(version, self._receive_buffers())
+            await self._load_received(version, started)
 
     @endpoint
     async def get_version(self) -> int:

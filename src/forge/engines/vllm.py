@@ -53,6 +53,7 @@ from forge.engines.generation import (
     SamplingParams,
     VersionedSamples,
     check_model_dir,
+    sample_seed,
 )
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class _Batch:
 
     prompt_ids: list[list[int]]
     params: SamplingParams
+    sample_keys: list[int]
     future: concurrent.futures.Future
     samples: list[list[GeneratedSequence] | None] = field(default_factory=list)
     remaining: int = 0
@@ -269,9 +271,8 @@ class VLLMEngine(ConcurrentGenerationEngine):
                 top_k=p.top_k if p.top_k > 0 else -1,
                 max_tokens=p.max_tokens,
                 stop_token_ids=self.eos_token_ids + list(p.stop_token_ids),
-                # vLLM gives the i-th of n samples seed + i: spacing prompts n apart keeps
-                # equal prompts of one batch from drawing equal samples.
-                seed=None if p.seed is None else p.seed + index * p.n,
+                # One stream per (seed, prompt key); vLLM gives the j-th of n samples seed + j.
+                seed=None if p.seed is None else sample_seed(p.seed, batch.sample_keys[index]),
                 logprobs=0,
                 output_kind=RequestOutputKind.FINAL_ONLY,
             )
@@ -315,26 +316,37 @@ class VLLMEngine(ConcurrentGenerationEngine):
         return command.future
 
     def _generate_future(
-        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams
+        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, sample_keys: Sequence[int] | None
     ) -> concurrent.futures.Future:
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token (e.g. a bos token); got an empty prompt")
+        if sample_keys is not None and len(sample_keys) != len(prompt_ids):
+            raise ValueError(
+                f"{len(sample_keys)} sample keys for {len(prompt_ids)} prompts: give one per prompt"
+            )
         self._check_fits(prompt_ids, params)
-        return self._submit(_Batch([list(p) for p in prompt_ids], params, concurrent.futures.Future()))
+        keys = list(sample_keys) if sample_keys is not None else list(range(len(prompt_ids)))
+        return self._submit(_Batch([list(p) for p in prompt_ids], params, keys, concurrent.futures.Future()))
 
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        sample_keys: Sequence[int] | None = None,
     ) -> list[list[GeneratedSequence]]:
         if not prompt_ids:
             return []
-        return self._generate_future(prompt_ids, params).result().samples
+        return self._generate_future(prompt_ids, params, sample_keys).result().samples
 
     async def generate_async(
-        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        sample_keys: Sequence[int] | None = None,
     ) -> VersionedSamples:
         if not prompt_ids:
             return VersionedSamples(self.version, [])
-        return await asyncio.wrap_future(self._generate_future(prompt_ids, params))
+        return await asyncio.wrap_future(self._generate_future(prompt_ids, params, sample_keys))
 
     def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
         return {name: torch.empty(shape, dtype=self.dtype) for name, shape in self._primary.items()}

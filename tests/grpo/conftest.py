@@ -14,15 +14,21 @@ def tiny_policy(tmp_path_factory) -> Path:
     return export_tiny_policy(tmp_path_factory.mktemp("tiny_policy"))
 
 
-def export_tiny_policy(root: Path, seed: int = 0) -> Path:
-    """A randomly initialised `tiny` qwen3 with the embedded tokenizer, as transformers expects."""
+@pytest.fixture(scope="session")
+def tiny_policy_hd32(tmp_path_factory) -> Path:
+    """Like `tiny_policy` with head size 32, which vLLM's CPU attention accepts (16 it does not)."""
+    return export_tiny_policy(tmp_path_factory.mktemp("tiny_policy_hd32"), flavor="tiny_hd32")
+
+
+def export_tiny_policy(root: Path, seed: int = 0, flavor: str = "tiny") -> Path:
+    """A randomly initialised tiny qwen3 with the embedded tokenizer, as transformers expects."""
     tokenizer = embedded_tokenizer()
     tokenizer_dir = root / "tokenizer"
     tokenizer.save_pretrained(tokenizer_dir)
     engine = TitanEngine(
         TitanEngineConfig.model_validate(
             {
-                "model": {"flavor": "tiny", "vocab_size": len(tokenizer)},
+                "model": {"flavor": flavor, "vocab_size": len(tokenizer)},
                 "training": {"seed": seed, "seq_len": 64},
             }
         ),
@@ -35,15 +41,15 @@ def export_tiny_policy(root: Path, seed: int = 0) -> Path:
 def write_grpo_config(tiny_policy, tmp_path):
     """Writes a small GRPO config for `tiny_policy` and returns its path; `extra` adds lines."""
 
-    def write(**extra: str) -> Path:
+    def write(policy: Path = tiny_policy, flavor: str = "tiny", **extra: str) -> Path:
         path = tmp_path / "grpo.yaml"
-        path.write_text(grpo_yaml(tiny_policy, tmp_path / "run", len(embedded_tokenizer()), **extra))
+        path.write_text(grpo_yaml(policy, tmp_path / "run", len(embedded_tokenizer()), flavor, **extra))
         return path
 
     return write
 
 
-def grpo_yaml(policy: Path, out: Path, vocab_size: int, **extra: str) -> str:
+def grpo_yaml(policy: Path, out: Path, vocab_size: int, flavor: str = "tiny", **extra: str) -> str:
     """A small but complete GRPO config for tests (every actor, few steps)."""
     lines = [
         f"policy_path: {policy}",
@@ -53,7 +59,7 @@ def grpo_yaml(policy: Path, out: Path, vocab_size: int, **extra: str) -> str:
         "generator: {model_path: '${policy_path}', sampling: {max_tokens: 4, temperature: 1.0}}",
         "trainer:",
         "  engine:",
-        f"    model: {{flavor: tiny, hf_path: '${{policy_path}}', vocab_size: {vocab_size}}}",
+        f"    model: {{flavor: {flavor}, hf_path: '${{policy_path}}', vocab_size: {vocab_size}}}",
         "    training: {seq_len: 64}",
         "    optimizer: {lr: 0.01}",
         "  loss: {name: grpo, params: {beta: 0.05}}",

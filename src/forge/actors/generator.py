@@ -12,39 +12,81 @@ Calls without keys use the ordinal of the call instead.
 Weights: before each request the generator loads the newest complete version in the store,
 if there is a newer one (`forge.weight_sync.WeightPuller`); a request can ask for at least
 `min_version` and then waits for it. `update_weights(v)` loads exactly `v`.
+
+`generate` and `generate_batch` are concurrent endpoints: each call runs as its own task, so
+the rollout loops' calls reach the engine together. The vLLM engine serves them in shared
+batches from its own thread and loads new weights between requests (running ones finish on
+the old weights, and it reports the version of each result); the native engine samples
+synchronously, so weights never change under it. One weight load runs at a time (a lock:
+they share the receive buffers).
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
+import logging
 import time
 from typing import Any, Literal
 
-from monarch.actor import endpoint
+from monarch.actor import concurrent_endpoint, endpoint
+from pydantic import model_validator
 
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.data.types import Completion
-from forge.engines.generation import SamplingParams, sample_seed, to_completions
+from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams, sample_seed, to_completions
+from forge.engines.vllm import VLLMConfig
 from forge.observability import Reduce, record_metric
 from forge.weight_sync import WeightPuller, build_transport
+
+logger = logging.getLogger(__name__)
 
 
 class GeneratorConfig(ForgeConfigModel):
     # A local Hugging Face directory (config.json, *.safetensors, tokenizer files).
     model_path: str
-    # The engine behind the `GenerationEngine` interface. Only the native transformers engine
-    # exists so far; a vLLM engine plugs in here by implementing the same interface.
-    engine: Literal["hf"] = "hf"
+    # The engine behind the `GenerationEngine` interface: `vllm`, or `hf` (native transformers).
+    # `auto` takes vllm where CUDA is available (and vllm installed), hf otherwise: on CPU the
+    # native engine is much faster for the tiny demo models.
+    engine: Literal["auto", "vllm", "hf"] = "auto"
     dtype: Literal["float32", "bfloat16"] = "float32"
+    vllm: VLLMConfig = VLLMConfig()
     sampling: SamplingParams = SamplingParams()
     # How new weights reach this generator (forge.weight_sync): auto is cuda_ipc when the run
     # has GPUs (trainer and generator on one host), store otherwise.
     weight_transport: Literal["auto", "store", "cuda_ipc"] = "auto"
 
+    @model_validator(mode="after")
+    def _room_for_samples(self) -> GeneratorConfig:
+        if self.vllm.max_model_len is not None and self.vllm.max_model_len <= self.sampling.max_tokens:
+            raise ValueError(
+                f"generator.vllm.max_model_len ({self.vllm.max_model_len}) must exceed "
+                f"generator.sampling.max_tokens ({self.sampling.max_tokens}): it bounds prompt + response"
+            )
+        return self
+
+
+def resolve_engine(engine: str) -> str:
+    """`auto` -> `vllm` where CUDA is available and vllm is installed, else `hf`."""
+    if engine != "auto":
+        return engine
+    import torch
+
+    return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
+
 
 def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None):
     """The engine named by `cfg.engine` (engines are imported lazily, only when chosen)."""
     import torch
+
+    engine = resolve_engine(cfg.engine)
+    logger.info("generator engine: %s (generator.engine=%s)", engine, cfg.engine)
+    if engine == "vllm":
+        from forge.engines.vllm import VLLMEngine
+
+        return VLLMEngine(cfg.model_path, cfg.vllm, dtype=cfg.dtype, eos_token_id=eos_token_id)
+
     from transformers import AutoModelForCausalLM
 
     from forge.engines.hf_generate import HFGenerateEngine
@@ -72,14 +114,15 @@ class Generator(ForgeActor):
         self.engine = build_generation_engine(self.cfg, self.tokenizer.eos_token_id)
         self._weights = None  # receive buffers, allocated on the first update
         self._puller = WeightPuller(build_transport(self.cfg.weight_transport))
+        self._loading = asyncio.Lock()
 
-    @endpoint
+    @concurrent_endpoint
     async def generate(self, prompt: str, min_version: int = 0, **sampling: Any) -> list[Completion]:
         """`n` completions of `prompt` (sampling defaults from config, overridden by kwargs)."""
         await self._pick_up_newest(min_version)
-        return self._generate([prompt], None, sampling)[0]
+        return (await self._generate([prompt], None, sampling))[0]
 
-    @endpoint
+    @concurrent_endpoint
     async def generate_batch(
         self,
         prompts: list[str],
@@ -91,7 +134,7 @@ class Generator(ForgeActor):
         per prompt) choose the seeded random streams (see the module docstring); the policy
         is the newest published one, and at least `min_version`."""
         await self._pick_up_newest(min_version)
-        return self._generate(prompts, sample_keys, sampling)
+        return await self._generate(prompts, sample_keys, sampling)
 
     def _receive_buffers(self) -> dict:
         if self._weights is None:
@@ -99,14 +142,29 @@ class Generator(ForgeActor):
         return self._weights
 
     async def _pick_up_newest(self, min_version: int) -> None:
-        started = time.perf_counter()
-        loaded = await self._puller.pull_newest(self.version, self._receive_buffers(), min_version)
-        if loaded is not None:
-            self.engine.load_hf_state_dict(self._weights)
-            self.version = loaded
-            record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+        async with self._loading:
+            started = time.perf_counter()
+            loaded = await self._puller.pull_newest(self.version, self._receive_buffers(), min_version)
+            if loaded is not None:
+                await self._load_received(loaded, started)
 
-    def _generate(
+    async def _load_received(self, version: int, started: float) -> None:
+        """Loads the receive buffers into the engine as `version` (under `self._loading`)."""
+        if isinstance(self.engine, ConcurrentGenerationEngine):
+            # Returns once the requests running now have finished and the weights are in.
+            await self.engine.load_hf_state_dict_async(self._weights, version)
+            record_metric("generator/weight_load_ms", self.engine.last_load_seconds * 1e3, Reduce.MEAN)
+        else:
+            self.engine.load_hf_state_dict(self._weights)
+        self.version = version
+        record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+        record_metric(
+            "generator/weight_sync_bytes",
+            sum(t.numel() * t.element_size() for t in self._weights.values()),
+            Reduce.SUM,
+        )
+
+    async def _generate(
         self, prompts: list[str], sample_keys: list[int] | None, overrides: dict[str, Any]
     ) -> list[list[Completion]]:
         # Overrides are validated like config: an unknown or bad sampling key fails here.
@@ -116,24 +174,27 @@ class Generator(ForgeActor):
             self._unkeyed_calls += 1
         prompt_ids = [self.tokenizer(p).input_ids for p in prompts]
         started = time.perf_counter()
-        outputs = self.engine.generate(prompt_ids, params, sample_keys)
+        if isinstance(self.engine, ConcurrentGenerationEngine):
+            version, outputs = await self.engine.generate_async(prompt_ids, params, sample_keys)
+        else:
+            # Synchronous: no weight load can run between reading the version and sampling.
+            version, outputs = self.version, self.engine.generate(prompt_ids, params, sample_keys)
         elapsed = time.perf_counter() - started
         tokens = sum(len(seq.token_ids) for group in outputs for seq in group)
         record_metric("generator/tokens_per_s", tokens / max(elapsed, 1e-9), Reduce.MEAN)
         record_metric("generator/generated_tokens", tokens, Reduce.SUM)
-        return to_completions(prompts, prompt_ids, outputs, self.tokenizer, self.version)
+        return to_completions(prompts, prompt_ids, outputs, self.tokenizer, version)
 
     @endpoint
     async def update_weights(self, version: int) -> None:
         """Loads `version` (waiting for it to be published) into preallocated buffers, then
         into the engine."""
-        if version == self.version:
-            return
-        started = time.perf_counter()
-        await self._puller.pull(version, self._receive_buffers())
-        self.engine.load_hf_state_dict(self._weights)
-        self.version = version
-        record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+        async with self._loading:
+            if version == self.version:
+                return
+            started = time.perf_counter()
+            await self._puller.pull(version, self._receive_buffers())
+            await self._load_received(version, started)
 
     @endpoint
     async def get_version(self) -> int:

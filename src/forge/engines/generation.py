@@ -27,6 +27,7 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -92,6 +93,44 @@ class GenerationEngine(ABC):
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copies the weights into the engine's parameters in place. Raises ``ValueError``
         naming missing/unexpected keys and shape mismatches, before copying anything."""
+
+
+class VersionedSamples(NamedTuple):
+    """What a concurrent engine returns: the samples, and the weights version that produced
+    every one of their tokens."""
+
+    version: int
+    samples: list[list[GeneratedSequence]]
+
+
+class ConcurrentGenerationEngine(GenerationEngine):
+    """An engine that serves overlapping requests itself (continuous batching) and changes
+    weights between them: requests running when new weights arrive finish on the old ones,
+    requests that start later run on the new ones. The engine, not its caller, knows which
+    version produced a sample, so it reports it.
+
+    The async methods never block the event loop they are awaited on, so an actor can keep
+    accepting calls while the engine works.
+    """
+
+    # Seconds the last weight update took inside the engine, not counting the wait for the
+    # requests that were running.
+    last_load_seconds: float = 0.0
+
+    @abstractmethod
+    async def generate_async(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        sample_keys: Sequence[int] | None = None,
+    ) -> VersionedSamples:
+        """Like ``generate``, served together with whatever else is running."""
+
+    @abstractmethod
+    async def load_hf_state_dict_async(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Loads ``state_dict`` as ``version`` once the requests now running have finished;
+        requests that arrive meanwhile wait and then start on ``version``. Returns when loaded.
+        ``state_dict`` must not change until then."""
 
 
 def to_completions(

@@ -91,6 +91,24 @@ register_flavor(
         enable_weight_tying=True,
     ),
 )
+# `tiny` with two heads of 32: vLLM's CPU attention rejects head size 16 (tests of the vLLM engine).
+register_flavor(
+    "qwen3",
+    "tiny_hd32",
+    Qwen3ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=32,
+        hidden_dim=128,
+        vocab_size=128,
+        max_seq_len=512,
+        rope_theta=1_000_000,
+        qk_norm=True,
+        enable_weight_tying=True,
+    ),
+)
 register_flavor(
     "llama3",
     "tiny",

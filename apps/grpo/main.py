@@ -25,7 +25,7 @@ from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
 from forge.config import parse_args, save_config
-from forge.controller import init_provisioner, shutdown
+from forge.controller import get_provisioner, init_provisioner, shutdown
 from forge.data.prompts import load_prompt_rows
 from forge.data.rewards import get_reward_fn
 from forge.engines.generation import check_model_dir
@@ -105,6 +105,8 @@ async def _train(cfg: GRPOConfig) -> dict:
         if cfg.use_reference
         else asyncio.sleep(0),
     )
+    if cfg.provisioner.hosts:
+        print((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))
     eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
     score_fn = get_reward_fn(cfg.eval.reward_fn)
     stop = asyncio.Event()

@@ -106,6 +106,7 @@ class Generator(ForgeActor):
         await store.get_state_dict(version, into=self._weights)
         self.engine.load_hf_state_dict(self._weights)
         self.version = version
+        record_metric("generator/version", version, Reduce.MAX)
         record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
 
     @endpoint

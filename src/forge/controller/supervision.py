@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 _companion_meshes = {"logger", "setup"}
 
 _handlers: dict[str, Callable[[str], None]] = {}
+# Where a mesh runs, for failure messages (set for meshes on other hosts).
+_descriptions: dict[str, str] = {}
 _lock = threading.Lock()
 _installed = False
 
@@ -45,6 +47,22 @@ def add_companion_mesh(actor_name: str) -> None:
     _companion_meshes.add(actor_name.lower())
 
 
+def describe(actor_name: str, where: str | None) -> None:
+    """Records where the mesh `actor_name` runs (None forgets it), to name it in failures."""
+    with _lock:
+        if where is None:
+            _descriptions.pop(actor_name.lower(), None)
+        else:
+            _descriptions[actor_name.lower()] = where
+
+
+def describe_failure(mesh_name: str) -> str:
+    """`mesh_name` and, when known, where it ran (e.g. "generator_1 (on host 1 (tls://...))")."""
+    with _lock:
+        where = _descriptions.get(_base_name(mesh_name))
+    return f"{mesh_name} ({where})" if where else mesh_name
+
+
 def unregister(actor_name: str) -> None:
     with _lock:
         _handlers.pop(actor_name.lower(), None)
@@ -62,7 +80,9 @@ def _fault_hook(failure) -> None:
         logger.debug("ignoring failure of companion mesh %s", failure.mesh_name)
         return
     # An actor nobody can replace: keep Monarch's default, which stops the program.
-    logger.error("actor mesh %s failed and nothing can replace it: stopping", failure.mesh_name)
+    logger.error(
+        "actor mesh %s failed and nothing can replace it: stopping", describe_failure(failure.mesh_name)
+    )
     sys.exit(1)
 
 

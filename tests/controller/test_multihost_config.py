@@ -1,0 +1,88 @@
+"""Multi-host set-up that needs no worker: the worker's command line, the provisioner's host
+settings, where meshes go, and the reachability check. (Two real workers: tests/grpo/test_grpo_multihost.py.)"""
+
+import subprocess
+import sys
+
+import pytest
+from host_workers import free_port, worker_env
+from pydantic import ValidationError
+
+from forge.controller import ProvisionerConfig
+from forge.controller.hosts import AttachedHosts, HostUnreachableError, check_reachable, parse_worker_address
+
+
+def run_worker(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "forge.worker", *args],
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_worker_refuses_to_start_without_tls_unless_insecure():
+    result = run_worker("--port", "26600")
+    assert result.returncode == 2
+    assert "no TLS files" in result.stderr and "--insecure" in result.stderr
+
+
+def test_worker_names_a_missing_or_partial_tls_setting(tmp_path):
+    result = run_worker("--port", "26600", "--tls-ca", str(tmp_path / "ca.crt"))
+    assert result.returncode == 2
+    assert "give all three of --tls-ca, --tls-cert and --tls-key" in result.stderr
+    missing = tmp_path / "nope.crt"
+    result = run_worker("--port", "26600", "--tls-ca", str(missing), "--tls-cert", "a", "--tls-key", "b")
+    assert result.returncode == 2
+    assert f"TLS CA certificate file not found: {missing}" in result.stderr
+
+
+def test_worker_addresses_are_parsed_or_rejected_with_the_expected_form():
+    assert parse_worker_address("tls://node1:26600") == ("tls", "node1", 26600)
+    assert parse_worker_address("tcp://127.0.0.1:5") == ("tcp", "127.0.0.1", 5)
+    for bad in ("node1:26600", "tls://node1", "http://node1:80", "tls://node1:port"):
+        with pytest.raises(ValueError, match="tls://HOST:PORT"):
+            parse_worker_address(bad)
+
+
+def test_provisioner_config_checks_hosts_and_placement():
+    cfg = ProvisionerConfig(hosts=["tls://a:1", "tls://b:1"], placement={"Generator": [1]})
+    assert cfg.tls
+    assert cfg.placement_for("Generator") == [1]
+    assert cfg.placement_for("ReplayBuffer") == [0]
+    assert cfg.placement_for("torchstore") == [0]
+    # The store's volume follows the trainer unless placed itself.
+    assert ProvisionerConfig(hosts=["tls://a:1", "tls://b:1"], placement={"TitanTrainer": [1]}).placement_for(
+        "torchstore"
+    ) == [1]
+    with pytest.raises(ValidationError, match="mixes tls:// and tcp://"):
+        ProvisionerConfig(hosts=["tls://a:1", "tcp://b:1"])
+    with pytest.raises(
+        ValidationError, match=r"provisioner.placement.Generator: \[2\] must list host indices in 0..1"
+    ):
+        ProvisionerConfig(hosts=["tls://a:1", "tls://b:1"], placement={"Generator": [2]})
+    with pytest.raises(ValidationError, match="tls_ca, tls_cert and tls_key go together"):
+        ProvisionerConfig(hosts=["tls://a:1"], tls_ca="ca.crt")
+
+
+def test_replicas_take_the_listed_hosts_in_turn_and_a_mesh_spans_consecutive_hosts():
+    cfg = ProvisionerConfig(hosts=[f"tcp://h{i}:1" for i in range(4)], placement={"Generator": [1, 2, 3]})
+    hosts = AttachedHosts(cfg.hosts, cfg.placement_for)
+    assert [hosts.hosts_for(f"Generator_{i}", 1) for i in range(4)] == [[1], [2], [3], [1]]
+    assert hosts.hosts_for("TitanTrainer_9", 1) == [0]
+    with pytest.raises(ValueError, match="spans 2 hosts but provisioner.placement.TitanTrainer lists 1"):
+        hosts.hosts_for("TitanTrainer_10", 2)
+    hosts = AttachedHosts(
+        cfg.hosts, ProvisionerConfig(hosts=cfg.hosts, placement={"X": [3, 1]}).placement_for
+    )
+    with pytest.raises(ValueError, match=r"spans hosts \[3, 1\], which are not consecutive"):
+        hosts.hosts_for("X_0", 2)
+
+
+def test_an_unreachable_worker_is_named_before_monarch_waits_on_it():
+    address = f"tcp://127.0.0.1:{free_port()}"
+    with pytest.raises(
+        HostUnreachableError, match=rf"provisioner.hosts\[0\]: worker {address} is unreachable"
+    ):
+        check_reachable([address], timeout_s=5)

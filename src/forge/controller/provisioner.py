@@ -3,10 +3,17 @@
 One provisioner per program (`init_provisioner`). Every mesh it creates gets, in each of
 its processes, MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK (so an engine inside can
 `init_process_group` without knowing about Monarch) and, when GPUs were asked for,
-CUDA_VISIBLE_DEVICES restricted to the GPUs given to that mesh.
+CUDA_VISIBLE_DEVICES listing the mesh's own GPUs first (so `cuda:LOCAL_RANK` is its own) and then
+the program's other GPUs: a generator can then map the trainer's GPU memory by CUDA IPC
+(`forge.store.cuda_ipc`), which fails when that GPU is hidden from it.
+
+GPUs are handed out per mesh, or per GPU group: meshes launched with the same `gpu_group`
+share the GPUs of the group's first mesh (the reference model on the trainer's GPU; or, with
+`colocate`, every model actor on one GPU).
 
 Meshes run on this host, or, with `provisioner.hosts`, on the hosts of those workers
-(`python -m forge.worker`; see `forge.controller.hosts`).
+(`python -m forge.worker`; see `forge.controller.hosts`). There GPUs are handed out per host,
+one mesh's own each (`gpu_group` and `colocate` share GPUs on this host only).
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ class ProvisionerConfig(ForgeConfigModel):
 
     # Seconds to wait for a mesh to stop before giving up on it at shutdown.
     stop_timeout_s: float = 30.0
+    # Every model actor (trainer, generator, reference) on the same GPU(s): one-GPU runs. The
+    # generator's KV cache and the trainer then split the GPU's memory (see generator config).
+    colocate: bool = False
     # Addresses printed by `python -m forge.worker` on each host (tls://HOST:PORT or
     # tcp://HOST:PORT). Empty: every mesh runs on this host.
     hosts: list[str] = []
@@ -92,6 +102,7 @@ class _MeshRecord:
     mesh: ProcMesh
     name: str
     gpus: list[str] = field(default_factory=list)
+    gpu_group: str | None = None
     # On workers: the host indices, the GPUs taken on each, and where each process runs.
     hosts: list[int] = field(default_factory=list)
     host_gpus: list[list[str]] = field(default_factory=list)
@@ -129,14 +140,15 @@ def _set_process_env(world_size: int, master_port: int, gpus: list[str]) -> None
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size),
     )
-    # Set before anything touches CUDA, so each mesh sees only its own GPUs.
+    # Set before anything touches CUDA: the mesh's own GPUs first, then the others.
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
 
 
 class Provisioner:
     def __init__(self, cfg: ProvisionerConfig | None = None):
         self.cfg = cfg or ProvisionerConfig()
-        self._free_gpus = _visible_gpus()
+        self._all_gpus = _visible_gpus()
+        self._free_gpus = list(self._all_gpus)
         self._meshes: list[_MeshRecord] = []
         self._lock = asyncio.Lock()
         self._hosts = AttachedHosts(self.cfg.hosts, self.cfg.placement_for) if self.cfg.hosts else None
@@ -180,10 +192,12 @@ class Provisioner:
         hosts: int | None = None,
         with_gpus: bool = False,
         name: str = "mesh",
+        gpu_group: str | None = None,
         collect_metrics: bool = True,
     ) -> ProcMesh:
-        """`procs` processes on each of `hosts` hosts (default 1): on this host, or, with
-        workers attached, on the hosts `provisioner.placement` gives the mesh's name."""
+        """A new mesh of `procs` processes on each of `hosts` hosts (default 1); with `with_gpus`,
+        one GPU each, its own or its group's. On this host, or, with workers attached, on the
+        hosts `provisioner.placement` gives the mesh's name."""
         if self._hosts is None and hosts not in (None, 1):
             raise ValueError(
                 f"mesh '{name}' asks for hosts={hosts}, but no provisioner.hosts are configured: "
@@ -193,10 +207,11 @@ class Provisioner:
             record = await self._spawn_on_hosts(procs, hosts or 1, with_gpus, name)
         else:
             async with self._lock:
-                gpus = self._take_gpus(procs, name) if with_gpus else []
-            bootstrap = functools.partial(_set_process_env, procs, _free_port(), gpus)
-            mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=name)
-            record = _MeshRecord(mesh, name, gpus)
+                gpus = self._gpus_for(procs, name, gpu_group) if with_gpus else []
+                visible = gpus + [g for g in self._all_gpus if g not in gpus] if gpus else []
+                bootstrap = functools.partial(_set_process_env, procs, _free_port(), visible)
+                mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=name)
+                record = _MeshRecord(mesh, name, gpus, gpu_group)
         record.metrics = collect_metrics
         self._meshes.append(record)
         await record.mesh.initialized
@@ -246,6 +261,25 @@ class Provisioner:
             if r.hosts
         ]
 
+    def _gpus_for(self, procs: int, name: str, gpu_group: str | None) -> list[str]:
+        """With `colocate`, the program's first GPUs; else the group's GPUs when another mesh of
+        `gpu_group` holds some; else newly taken ones."""
+        if self.cfg.colocate:
+            if procs > len(self._all_gpus):
+                raise RuntimeError(
+                    f"mesh '{name}' needs {procs} GPU(s); this program sees {len(self._all_gpus)}"
+                )
+            return self._all_gpus[:procs]
+        holder = next((r for r in self._meshes if gpu_group and r.gpu_group == gpu_group and r.gpus), None)
+        if holder is None:
+            return self._take_gpus(procs, name)
+        if procs > len(holder.gpus):
+            raise RuntimeError(
+                f"mesh '{name}' needs {procs} GPU(s) but its GPU group '{gpu_group}' has "
+                f"{len(holder.gpus)} ({','.join(holder.gpus)}): lower its procs or leave the group"
+            )
+        return holder.gpus[:procs]
+
     def _take_gpus(self, procs: int, name: str) -> list[str]:
         if not self._free_gpus:
             if not _visible_gpus():
@@ -265,7 +299,8 @@ class Provisioner:
         if record is None:
             return
         self._meshes.remove(record)
-        self._free_gpus.extend(record.gpus)
+        still_used = {g for r in self._meshes for g in r.gpus}
+        self._free_gpus.extend(g for g in record.gpus if g not in still_used and g not in self._free_gpus)
         if self._hosts is not None and record.hosts:
             self._hosts.give_back_gpus(record.hosts, record.host_gpus)
         supervision.describe(record.name, None)

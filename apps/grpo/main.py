@@ -25,7 +25,7 @@ from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
 from forge.config import parse_args, save_config
-from forge.controller import get_provisioner, init_provisioner, shutdown
+from forge.controller import get_provisioner, init_provisioner, shutdown, supervision
 from forge.data.prompts import load_prompt_rows
 from forge.data.rewards import get_reward_fn
 from forge.engines.generation import check_model_dir
@@ -193,6 +193,9 @@ def main(argv: list[str] | None = None) -> dict:
     except KeyboardInterrupt:
         print("interrupted: actors stopped", file=sys.stderr)
         raise SystemExit(130) from None
+    except supervision.FAILURES as e:
+        print(f"error: {supervision.explain(e)}", file=sys.stderr)
+        raise SystemExit(1) from None
     (first_step, first), (last_step, last) = history["eval_accuracy"][0], history["eval_accuracy"][-1]
     print(
         f"done in {time.perf_counter() - started:.0f} s: eval accuracy {first:.3f} (step {first_step}) "

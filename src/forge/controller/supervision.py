@@ -10,11 +10,15 @@ here and get told instead.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 from collections.abc import Callable
 
 import monarch.actor
+from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+
+from forge.controller.hosts import HostUnreachableError
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +65,22 @@ def describe_failure(mesh_name: str) -> str:
     with _lock:
         where = _descriptions.get(_base_name(mesh_name))
     return f"{mesh_name} ({where})" if where else mesh_name
+
+
+# What a program can report with `explain` and stop on: a call on an actor whose process (or
+# host) died, or a host that could not be reached at start-up.
+FAILURES = (SupervisionError, HostUnreachableError)
+_FAILED_CALL = re.compile(r"Endpoint call (\w+)\.\w+\(\) failed")
+
+
+def explain(error: BaseException) -> str:
+    """One line for a failed call on an actor that died: which actor, where it ran, why."""
+    text = str(error)
+    match = _FAILED_CALL.search(text)
+    if match is None:
+        return text.splitlines()[0] if text else type(error).__name__
+    reason = text.rsplit("has status:", 1)[-1].strip().splitlines()[0]
+    return f"actor {describe_failure(match.group(1))} failed: {reason}"
 
 
 def unregister(actor_name: str) -> None:

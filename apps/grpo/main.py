@@ -93,9 +93,9 @@ async def _train(cfg: GRPOConfig) -> dict:
     dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
         Generator.options(with_gpus=gpus).as_actor(cfg.generator),
-        TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus, gpu_group="trainer").as_actor(
-            cfg.trainer.engine, cfg.trainer.loss, weights_dtype=cfg.generator.dtype
-        ),
+        TitanTrainer.options(
+            procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group="trainer"
+        ).as_actor(cfg.trainer.engine, cfg.trainer.loss, weights_dtype=cfg.generator.dtype),
         ReplayBuffer.as_actor(cfg.replay_buffer, pad_id),
         RewardActor.as_actor(cfg.reward),
         ComputeAdvantages.as_actor(cfg.rollout.advantage),

@@ -86,6 +86,11 @@ class GRPOConfig(ForgeConfigModel):
                 f"generator.sampling.temperature ({self.generator.sampling.temperature}): the loss "
                 "recomputes the generator's logprobs and they must describe the same distribution"
             )
+        if self.trainer.hosts > len(self.provisioner.hosts or [None]):
+            raise ValueError(
+                f"trainer.hosts ({self.trainer.hosts}) exceeds the hosts in provisioner.hosts "
+                f"({len(self.provisioner.hosts)}): start a `python -m forge.worker` per host and list them there"
+            )
         ranks = self.trainer.procs * self.trainer.hosts
         if self.replay_buffer.dp_size != ranks:
             raise ValueError(

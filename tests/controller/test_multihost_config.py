@@ -86,3 +86,21 @@ def test_an_unreachable_worker_is_named_before_monarch_waits_on_it():
         HostUnreachableError, match=rf"provisioner.hosts\[0\]: worker {address} is unreachable"
     ):
         check_reachable([address], timeout_s=5)
+
+
+def test_grpo_trainer_hosts_need_workers_and_a_matching_dp_size():
+    from apps.grpo.config import GRPOConfig
+
+    base = {"policy_path": "p", "generator": {"model_path": "p"}}
+    trainer = {"engine": {"model": {"flavor": "tiny"}}, "hosts": 2}
+    with pytest.raises(
+        ValidationError, match=r"trainer.hosts \(2\) exceeds the hosts in provisioner.hosts \(0\)"
+    ):
+        GRPOConfig.model_validate({**base, "trainer": trainer})
+    two_hosts = {"hosts": ["tcp://a:1", "tcp://b:1"]}
+    with pytest.raises(ValidationError, match=r"must equal trainer.procs x trainer.hosts \(2\)"):
+        GRPOConfig.model_validate({**base, "trainer": trainer, "provisioner": two_hosts})
+    cfg = GRPOConfig.model_validate(
+        {**base, "trainer": trainer, "provisioner": two_hosts, "replay_buffer": {"dp_size": 2}}
+    )
+    assert cfg.trainer.hosts == 2

@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     address = worker_address("tls" if args.tls else "tcp", args.host, args.port, args.bind)
     # Returns once the worker is listening, so the line below means "ready to attach".
     serving = start_worker_loop_forever(address=address, ca="trust_all_connections")
-    print(f"forge worker ready: attach with {address.split('@')[0]}", flush=True)
+    # One write, so that Monarch's own start-up line cannot land inside it.
+    sys.stdout.write(f"forge worker ready: attach with {address.split('@')[0]}\n")
+    sys.stdout.flush()
     serving.get()
 
 

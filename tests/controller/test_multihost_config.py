@@ -1,11 +1,14 @@
-"""Multi-host set-up that needs no worker: the worker's command line, the provisioner's host
-settings, where meshes go, and the reachability check. (Two real workers: tests/grpo/test_grpo_multihost.py.)"""
+"""Multi-host set-up without a controller: the worker's command line and its mutual TLS, the
+provisioner's host settings, where meshes go, and the reachability check. (A GRPO run over two
+workers: tests/grpo/test_grpo_multihost.py.)"""
 
+import socket
+import ssl
 import subprocess
 import sys
 
 import pytest
-from host_workers import free_port, worker_env
+from host_workers import Worker, free_port, make_tls_files, worker_env
 from pydantic import ValidationError
 
 from forge.controller import ProvisionerConfig
@@ -104,3 +107,37 @@ def test_grpo_trainer_hosts_need_workers_and_a_matching_dp_size():
         {**base, "trainer": trainer, "provisioner": two_hosts, "replay_buffer": {"dp_size": 2}}
     )
     assert cfg.trainer.hosts == 2
+
+
+def _handshake(port: int, ca: str, cert: str | None = None, key: str | None = None) -> str:
+    """A TLS handshake with a worker; "ok" or the reason it failed."""
+    context = ssl.create_default_context(cafile=ca)
+    if cert:
+        context.load_cert_chain(cert, key)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                tls.settimeout(2)
+                try:
+                    tls.recv(1)  # with TLS 1.3 a refused client certificate shows on the first read
+                except TimeoutError:
+                    pass
+        return "ok"
+    except ssl.SSLError as e:
+        return e.reason or str(e)
+
+
+def test_a_worker_speaks_mutual_tls_only_with_certificates_of_its_ca(tmp_path):
+    ours, theirs = make_tls_files(tmp_path / "ours"), make_tls_files(tmp_path / "theirs", "another-ca")
+    worker = Worker(ours, tmp_path)
+    try:
+        assert worker.address == f"tls://127.0.0.1:{worker.port}"
+        assert _handshake(worker.port, ours["ca"], ours["cert"], ours["key"]) == "ok"
+        assert _handshake(worker.port, ours["ca"]) == "TLSV13_ALERT_CERTIFICATE_REQUIRED"
+        assert _handshake(worker.port, ours["ca"], theirs["cert"], theirs["key"]) == "TLSV1_ALERT_UNKNOWN_CA"
+        assert (
+            _handshake(worker.port, theirs["ca"], theirs["cert"], theirs["key"])
+            == "CERTIFICATE_VERIFY_FAILED"
+        )
+    finally:
+        worker.stop()

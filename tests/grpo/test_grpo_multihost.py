@@ -22,10 +22,10 @@ def tls(tmp_path_factory):
 
 
 @pytest.fixture
-def workers(tls):
+def workers(tls, tmp_path):
     started = []
     try:
-        started += [Worker(tls), Worker(tls)]
+        started += [Worker(tls, tmp_path), Worker(tls, tmp_path)]
         yield started
     finally:
         for worker in started:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
 import signal
 import socket
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def make_tls_files(root: Path) -> dict[str, str]:
+def make_tls_files(root: Path, ca_name: str = "forge-test-ca") -> dict[str, str]:
     """A CA and one certificate it signed for localhost/127.0.0.1 (used by workers and
     controller alike), made with the openssl CLI."""
     root.mkdir(parents=True, exist_ok=True)
@@ -26,7 +25,7 @@ def make_tls_files(root: Path) -> dict[str, str]:
     )
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     for command in (
-        ["openssl", "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=forge-test-ca"],
+        ["openssl", "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", f"/CN={ca_name}"],
         ["openssl", "req", *ec, "-keyout", "host.key", "-out", "host.csr", "-subj", "/CN=localhost", "-config", "san.cnf"],
         ["openssl", "x509", "-req", "-in", "host.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
          "-out", "host.crt", "-days", "1", "-extfile", "san.cnf", "-extensions", "v3"],
@@ -49,34 +48,27 @@ def worker_env() -> dict[str, str]:
 
 
 class Worker:
-    """`python -m forge.worker` on 127.0.0.1:port, in a session of its own."""
+    """`python -m forge.worker` on 127.0.0.1:port, in a session of its own. Its output (and
+    that of the processes it spawns) goes to a file: a pipe nobody reads would block them."""
 
-    def __init__(self, tls: dict[str, str], timeout_s: float = 120):
+    def __init__(self, tls: dict[str, str], log_dir: Path, timeout_s: float = 120):
         self.port = free_port()
+        self.log = log_dir / f"worker-{self.port}.log"
         command = [sys.executable, "-m", "forge.worker", "--port", str(self.port), "--host", "127.0.0.1"]
         command += ["--tls-ca", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
-        self.process = subprocess.Popen(
-            command,
-            env=worker_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        # Monarch writes a line of its own at start-up, possibly into the middle of ours.
-        ready = re.compile(r"forge worker ready: attach with (\S+)")
-        output = ""
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.process.stdout, selectors.EVENT_READ)
-            deadline = time.time() + timeout_s
-            while not (found := ready.search(output)):
-                if not selector.select(timeout=max(deadline - time.time(), 0)):
-                    self.stop()
-                    raise AssertionError(f"the worker did not start in {timeout_s} s:\n{output}")
-                line = self.process.stdout.readline()
-                if not line:
-                    raise AssertionError(f"the worker exited:\n{output}")
-                output += line
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                command, env=worker_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        ready = re.compile(r"forge worker ready: attach with (\S+)\n")
+        deadline = time.time() + timeout_s
+        while not (found := ready.search(self.log.read_text())):
+            if self.process.poll() is not None:
+                raise AssertionError(f"the worker exited:\n{self.log.read_text()}")
+            if time.time() > deadline:
+                self.stop()
+                raise AssertionError(f"the worker did not start in {timeout_s} s:\n{self.log.read_text()}")
+            time.sleep(0.1)
         self.address = found.group(1)
 
     @property
@@ -95,4 +87,3 @@ class Worker:
         except ProcessLookupError:
             pass
         self.process.wait(timeout=30)
-        self.process.stdout.close()

@@ -303,7 +303,6 @@ class Provisioner:
         self._free_gpus.extend(g for g in record.gpus if g not in still_used and g not in self._free_gpus)
         if self._hosts is not None and record.hosts:
             self._hosts.give_back_gpus(record.hosts, record.host_gpus)
-        supervision.describe(record.name, None)
         if record.metrics:
             await unregister_mesh(record.name)
         try:

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 _companion_meshes = {"logger", "setup"}
 
 _handlers: dict[str, Callable[[str], None]] = {}
-# Where a mesh runs, for failure messages (set for meshes on other hosts).
+# Where a mesh runs, for failure messages (set for meshes on worker hosts).
 _descriptions: dict[str, str] = {}
 _lock = threading.Lock()
 _installed = False
@@ -51,13 +51,11 @@ def add_companion_mesh(actor_name: str) -> None:
     _companion_meshes.add(actor_name.lower())
 
 
-def describe(actor_name: str, where: str | None) -> None:
-    """Records where the mesh `actor_name` runs (None forgets it), to name it in failures."""
+def describe(actor_name: str, where: str) -> None:
+    """Records where the mesh `actor_name` runs, to name it in failures. Kept after the mesh
+    stops: a failure is often reported after shutdown stopped everything (names are unique)."""
     with _lock:
-        if where is None:
-            _descriptions.pop(actor_name.lower(), None)
-        else:
-            _descriptions[actor_name.lower()] = where
+        _descriptions[actor_name.lower()] = where
 
 
 def describe_failure(mesh_name: str) -> str:

@@ -15,6 +15,7 @@ first host can pick a port that is free there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import glob
 import logging
@@ -150,7 +151,9 @@ class AttachedHosts:
                 "by the same CA as this controller's",
             )
         finally:
-            await probe.stop()
+            # Bounded: a probe that never started may not answer a stop either.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(probe.stop(), timeout_s)
         self.hostnames = [w["hostname"] for w in where.values()]
         self.free_gpus = list(gpus.values())
         for index, (address, name) in enumerate(zip(self.addresses, self.hostnames, strict=True)):

@@ -20,6 +20,9 @@ from forge.observability import MetricsConfig
 
 class TrainerSection(ForgeConfigModel):
     procs: int = 1
+    # Hosts the trainer spans, `procs` ranks on each (needs provisioner.hosts; which hosts:
+    # provisioner.placement.TitanTrainer).
+    hosts: int = Field(1, ge=1)
     engine: TitanEngineConfig
     loss: LossConfig = LossConfig()
 
@@ -86,10 +89,16 @@ class GRPOConfig(ForgeConfigModel):
                 f"generator.sampling.temperature ({self.generator.sampling.temperature}): the loss "
                 "recomputes the generator's logprobs and they must describe the same distribution"
             )
-        if self.replay_buffer.dp_size != self.trainer.procs:
+        if self.trainer.hosts > len(self.provisioner.hosts or [None]):
             raise ValueError(
-                f"replay_buffer.dp_size ({self.replay_buffer.dp_size}) must equal trainer.procs "
-                f"({self.trainer.procs}): each trainer rank gets its own share of the batch"
+                f"trainer.hosts ({self.trainer.hosts}) exceeds the hosts in provisioner.hosts "
+                f"({len(self.provisioner.hosts)}): start a `python -m forge.worker` per host and list them there"
+            )
+        ranks = self.trainer.procs * self.trainer.hosts
+        if self.replay_buffer.dp_size != ranks:
+            raise ValueError(
+                f"replay_buffer.dp_size ({self.replay_buffer.dp_size}) must equal trainer.procs x "
+                f"trainer.hosts ({ranks}): each trainer rank gets its own share of the batch"
             )
         return self
 

@@ -36,7 +36,7 @@ from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
 from forge.config import parse_args, save_config
-from forge.controller import init_provisioner, shutdown
+from forge.controller import get_provisioner, init_provisioner, shutdown, supervision
 from forge.data.prompts import load_prompt_rows
 from forge.data.rewards import get_reward_fn
 from forge.engines.generation import check_model_dir
@@ -103,14 +103,16 @@ async def _train(cfg: GRPOConfig) -> dict:
     from transformers import AutoTokenizer
 
     pad_id = AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
-    transport = resolve_transport(cfg.generator.weight_transport)
+    transport = resolve_transport(cfg.generator.weight_transport, one_host=not cfg.provisioner.hosts)
     gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
     dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
         Generator.options(with_gpus=gpus).as_actor(
             cfg.generator.model_copy(update={"weight_transport": transport})
         ),
-        TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus, gpu_group="trainer").as_actor(
+        TitanTrainer.options(
+            procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group="trainer"
+        ).as_actor(
             cfg.trainer.engine,
             cfg.trainer.loss,
             weights_dtype=cfg.generator.dtype,
@@ -127,6 +129,8 @@ async def _train(cfg: GRPOConfig) -> dict:
         if cfg.use_reference
         else asyncio.sleep(0),
     )
+    if cfg.provisioner.hosts:
+        print((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))
     eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
     score_fn = get_reward_fn(cfg.eval.reward_fn)
     stop = asyncio.Event()
@@ -222,6 +226,9 @@ def main(argv: list[str] | None = None) -> dict:
     except KeyboardInterrupt:
         print("interrupted: actors stopped", file=sys.stderr)
         raise SystemExit(130) from None
+    except supervision.FAILURES as e:
+        print(f"error: {supervision.explain(e)}", file=sys.stderr)
+        raise SystemExit(1) from None
     (first_step, first), (last_step, last) = history["eval_accuracy"][0], history["eval_accuracy"][-1]
     print(
         f"done in {time.perf_counter() - started:.0f} s: eval accuracy {first:.3f} (step {first_step}) "

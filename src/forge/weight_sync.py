@@ -117,11 +117,11 @@ class CudaIpcTransport:
         return await store.versions(self.PREFIX)
 
 
-def resolve_transport(name: str) -> str:
-    """`auto` becomes `cuda_ipc` when this program has GPUs (its actors then share a host), else
+def resolve_transport(name: str, one_host: bool = True) -> str:
+    """`auto` becomes `cuda_ipc` when this program has GPUs and its actors share one host, else
     `store`; other names stay."""
     if name == "auto":
-        return "cuda_ipc" if torch.cuda.is_available() else "store"
+        return "cuda_ipc" if torch.cuda.is_available() and one_host else "store"
     return name
 
 

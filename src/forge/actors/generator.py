@@ -157,6 +157,7 @@ class Generator(ForgeActor):
         else:
             self.engine.load_hf_state_dict(self._weights)
         self.version = version
+        record_metric("generator/version", version, Reduce.MAX)
         record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
         record_metric(
             "generator/weight_sync_bytes",

@@ -6,41 +6,97 @@ its processes, MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK (so an engine 
 CUDA_VISIBLE_DEVICES listing the mesh's own GPUs first (so `cuda:LOCAL_RANK` is its own) and then
 the program's other GPUs: a generator can then map the trainer's GPU memory by CUDA IPC
 (`forge.store.cuda_ipc`), which fails when that GPU is hidden from it. With a `seed`, each
-process also seeds Python's and torch's global RNGs with (seed, its mesh's name, its rank)
-before any actor starts, so that what an actor draws from them repeats from run to run.
+process also seeds its global RNGs first (`forge.controller.seeding`).
 
 GPUs are handed out per mesh, or per GPU group: meshes launched with the same `gpu_group`
 share the GPUs of the group's first mesh (the reference model on the trainer's GPU; or, with
 `colocate`, every model actor on one GPU).
+
+Meshes run on this host, or, with `provisioner.hosts`, on the hosts of those workers
+(`python -m forge.worker`; see `forge.controller.hosts`). There GPUs are handed out per host,
+one mesh's own each (`gpu_group` and `colocate` share GPUs on this host only).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
-import random
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from monarch.actor import ProcMesh, current_rank, this_host
+from monarch.actor import ProcMesh, current_rank, enable_transport, this_host
+from monarch.config import configure
+from pydantic import Field, model_validator
 
+from forge import monarch_env
 from forge.config import ForgeConfigModel
 from forge.controller import supervision
+from forge.controller.hosts import HOST_AGENT_NAME, STORE_MESH_NAME, AttachedHosts, parse_worker_address
+from forge.controller.seeding import mesh_seed, seed_global_rngs
 from forge.observability.logger import FETCHER_MESH_NAME, register_mesh, unregister_mesh
 
 logger = logging.getLogger(__name__)
 
 
 class ProvisionerConfig(ForgeConfigModel):
-    """How meshes are placed (on this host; see `get_proc_mesh` for multi-host)."""
+    """How meshes are placed: on this host, or on the hosts of `hosts`."""
 
     # Seconds to wait for a mesh to stop before giving up on it at shutdown.
     stop_timeout_s: float = 30.0
     # Every model actor (trainer, generator, reference) on the same GPU(s): one-GPU runs. The
     # generator's KV cache and the trainer then split the GPU's memory (see generator config).
     colocate: bool = False
+    # Addresses printed by `python -m forge.worker` on each host (tls://HOST:PORT or
+    # tcp://HOST:PORT). Empty: every mesh runs on this host.
+    hosts: list[str] = []
+    # Host indices (into `hosts`) per actor name: the class name (TitanTrainer, Generator, ...)
+    # or "torchstore" for the weight store's volume. Unlisted actors run on host 0; the
+    # store's volume runs on the trainer's first host unless listed.
+    placement: dict[str, list[int]] = {}
+    # How workers reach this controller: its host name or IP (None: Monarch uses this
+    # machine's host name, which must then resolve to an address the workers can reach).
+    controller_host: str | None = None
+    # TLS files (PEM) of this controller, for tls:// workers; None: Monarch's variables
+    # HYPERACTOR_TLS_CA/CERT/KEY.
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    attach_timeout_s: float = Field(60.0, gt=0, description="seconds to reach every worker at start-up")
+    # A host that answers nothing for this long has its actors declared failed.
+    host_timeout_s: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_hosts(self) -> ProvisionerConfig:
+        schemes = {parse_worker_address(a)[0] for a in self.hosts}
+        if len(schemes) > 1:
+            raise ValueError(f"provisioner.hosts mixes tls:// and tcp:// workers: {self.hosts}")
+        for actor, indices in self.placement.items():
+            bad = [i for i in indices if not 0 <= i < max(len(self.hosts), 1)]
+            if not indices or bad:
+                raise ValueError(
+                    f"provisioner.placement.{actor}: {indices} must list host indices in "
+                    f"0..{len(self.hosts) - 1} (provisioner.hosts has {len(self.hosts)} entries)"
+                )
+        tls = [self.tls_ca, self.tls_cert, self.tls_key]
+        if any(tls) and not all(tls):
+            raise ValueError("provisioner.tls_ca, tls_cert and tls_key go together: set all three")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.hosts) and parse_worker_address(self.hosts[0])[0] == "tls"
+
+    def placement_for(self, actor: str) -> list[int]:
+        """The hosts listed for `actor`, or its default (see `placement`)."""
+        if actor in self.placement:
+            return self.placement[actor]
+        if actor == STORE_MESH_NAME:
+            return self.placement.get("TitanTrainer", [0])[:1]
+        return [0]
 
 
 @dataclass
@@ -49,6 +105,11 @@ class _MeshRecord:
     name: str
     gpus: list[str] = field(default_factory=list)
     gpu_group: str | None = None
+    # On workers: the host indices, the GPUs taken on each, and where each process runs.
+    hosts: list[int] = field(default_factory=list)
+    host_gpus: list[list[str]] = field(default_factory=list)
+    where: list[dict] = field(default_factory=list)
+    metrics: bool = True
 
 
 def _free_port() -> int:
@@ -83,20 +144,7 @@ def _set_process_env(world_size: int, master_port: int, gpus: list[str], seed: i
     )
     # Set before anything touches CUDA: the mesh's own GPUs first, then the others.
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    if seed is not None:
-        import torch
-
-        random.seed(seed + rank)
-        torch.manual_seed(seed + rank)
-
-
-def _mesh_seed(seed: int, mesh_name: str) -> int:
-    """Mesh names end in a spawn counter (`Generator_3`); the seed must not depend on it, so
-    that a run seeds an actor the same however many meshes were started before it."""
-    from forge.engines.generation import sample_seed
-
-    base = mesh_name.rstrip("0123456789").rstrip("_")
-    return sample_seed(seed, int.from_bytes(base.encode()[:8], "little")) % 2**32
+    seed_global_rngs(seed, rank)
 
 
 class Provisioner:
@@ -107,7 +155,40 @@ class Provisioner:
         self._free_gpus = list(self._all_gpus)
         self._meshes: list[_MeshRecord] = []
         self._lock = asyncio.Lock()
+        self._hosts = AttachedHosts(self.cfg.hosts, self.cfg.placement_for) if self.cfg.hosts else None
         supervision.add_companion_mesh(FETCHER_MESH_NAME)
+        supervision.add_companion_mesh(HOST_AGENT_NAME)
+        if self._hosts is not None:
+            self._use_network_transport()
+
+    def _use_network_transport(self) -> None:
+        """Monarch's default transport (Unix sockets) cannot leave this host: switch to the
+        workers' one. Must come before anything else starts Monarch in this process."""
+        if self.cfg.tls:
+            files = (self.cfg.tls_ca, self.cfg.tls_cert, self.cfg.tls_key)
+            if all(files):
+                monarch_env.set_tls_files(*files)
+            elif monarch_env.tls_files_from_env() is None:
+                raise ValueError(
+                    f"provisioner.hosts are TLS workers ({self.cfg.hosts[0]}) but this controller has no "
+                    "certificate: set provisioner.tls_ca/tls_cert/tls_key or "
+                    f"{', '.join(monarch_env.TLS_ENV.values())}"
+                )
+        scheme = "tls" if self.cfg.tls else "tcp"
+        host = self.cfg.controller_host
+        try:
+            enable_transport(f"{scheme}://{host}:0" if host else scheme)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"provisioner.hosts needs Monarch's {scheme} transport, but Monarch already started "
+                "in this process: call init_provisioner() before anything else uses Monarch"
+            ) from e
+        timeout = f"{self.cfg.host_timeout_s:g}s"
+        configure(get_proc_state_max_idle=timeout, get_actor_state_max_idle=timeout)
+
+    async def attach_hosts(self) -> None:
+        if self._hosts is not None and self._hosts.mesh is None:
+            await self._hosts.attach(self.cfg.attach_timeout_s)
 
     async def get_proc_mesh(
         self,
@@ -116,26 +197,80 @@ class Provisioner:
         with_gpus: bool = False,
         name: str = "mesh",
         gpu_group: str | None = None,
+        collect_metrics: bool = True,
     ) -> ProcMesh:
-        """A new mesh of `procs` processes; with `with_gpus`, one GPU each, its own or its group's."""
-        if hosts not in (None, 1):
-            # The seam for multi-host: a host mesh from monarch's `attach_to_workers` (hosts
-            # running `run_worker_loop_forever`) would replace `this_host()` below.
-            raise NotImplementedError(
-                f"mesh '{name}' asks for hosts={hosts}: this provisioner places meshes on this "
-                "host only; use hosts=1"
+        """A new mesh of `procs` processes on each of `hosts` hosts (default 1); with `with_gpus`,
+        one GPU each, its own or its group's. On this host, or, with workers attached, on the
+        hosts `provisioner.placement` gives the mesh's name."""
+        if self._hosts is None and hosts not in (None, 1):
+            raise ValueError(
+                f"mesh '{name}' asks for hosts={hosts}, but no provisioner.hosts are configured: "
+                "start `python -m forge.worker` on each host and list their addresses there"
             )
+        if self._hosts is not None:
+            record = await self._spawn_on_hosts(procs, hosts or 1, with_gpus, name, self._seed_of(name))
+        else:
+            async with self._lock:
+                gpus = self._gpus_for(procs, name, gpu_group) if with_gpus else []
+                visible = gpus + [g for g in self._all_gpus if g not in gpus] if gpus else []
+                bootstrap = functools.partial(
+                    _set_process_env, procs, _free_port(), visible, self._seed_of(name)
+                )
+                mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=name)
+                record = _MeshRecord(mesh, name, gpus, gpu_group)
+        record.metrics = collect_metrics
+        self._meshes.append(record)
+        await record.mesh.initialized
+        if collect_metrics:
+            await register_mesh(name, record.mesh)
+        logger.info(
+            "started mesh %s: %d procs, gpus=%s", name, procs, record.gpus or record.host_gpus or "none"
+        )
+        return record.mesh
+
+    def _seed_of(self, name: str) -> int | None:
+        return None if self.seed is None else mesh_seed(self.seed, name)
+
+    async def _spawn_on_hosts(
+        self, procs: int, count: int, with_gpus: bool, name: str, seed: int | None
+    ) -> _MeshRecord:
+        assert self._hosts is not None
         async with self._lock:
-            gpus = self._gpus_for(procs, name, gpu_group) if with_gpus else []
-            visible = gpus + [g for g in self._all_gpus if g not in gpus] if gpus else []
-            seed = None if self.seed is None else _mesh_seed(self.seed, name)
-            bootstrap = functools.partial(_set_process_env, procs, _free_port(), visible, seed)
-            mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=name)
-            self._meshes.append(_MeshRecord(mesh, name, gpus, gpu_group))
-        await mesh.initialized
-        await register_mesh(name, mesh)
-        logger.info("started mesh %s: %d procs, gpus=%s", name, procs, gpus or "none")
-        return mesh
+            hosts = self._hosts.hosts_for(name, count)
+            gpus = self._hosts.take_gpus(hosts, procs, name) if with_gpus else [[] for _ in hosts]
+        try:
+            mesh, where = await self._hosts.spawn(hosts, procs, gpus, name, seed)
+        except BaseException:
+            self._hosts.give_back_gpus(hosts, gpus)
+            raise
+        places = ", ".join(f"host {h} ({self.cfg.hosts[h]})" for h in hosts)
+        supervision.describe(name, f"on {places}")
+        return _MeshRecord(mesh, name, hosts=hosts, host_gpus=gpus, where=where)
+
+    def report_placement(self, path: Path) -> str:
+        """Writes `placement()` to `path` as JSON and returns it as lines to print."""
+        report = self.placement()
+        path.write_text(json.dumps(report, indent=1))
+        lines = []
+        for mesh in report:
+            pids = ",".join(str(p["pid"]) for p in mesh["procs"])
+            hostnames = ",".join(sorted({p["hostname"] for p in mesh["procs"]}))
+            lines.append(f"{mesh['mesh']:<24} hosts {mesh['hosts']} {hostnames} pids {pids}")
+        return "\n".join(lines)
+
+    def placement(self) -> list[dict]:
+        """Where each live mesh runs: name, host indices and addresses, and per process its
+        host name, pid and parent pid (the worker's, on a worker)."""
+        return [
+            {
+                "mesh": r.name,
+                "hosts": r.hosts,
+                "addresses": [self.cfg.hosts[h] for h in r.hosts],
+                "procs": r.where,
+            }
+            for r in self._meshes
+            if r.hosts
+        ]
 
     def _gpus_for(self, procs: int, name: str, gpu_group: str | None) -> list[str]:
         """With `colocate`, the program's first GPUs; else the group's GPUs when another mesh of
@@ -177,7 +312,10 @@ class Provisioner:
         self._meshes.remove(record)
         still_used = {g for r in self._meshes for g in r.gpus}
         self._free_gpus.extend(g for g in record.gpus if g not in still_used and g not in self._free_gpus)
-        await unregister_mesh(record.name)
+        if self._hosts is not None and record.hosts:
+            self._hosts.give_back_gpus(record.hosts, record.host_gpus)
+        if record.metrics:
+            await unregister_mesh(record.name)
         try:
             await asyncio.wait_for(mesh.stop(), self.cfg.stop_timeout_s)
         except Exception as e:  # a mesh whose process already died cannot stop cleanly
@@ -193,10 +331,13 @@ _provisioner: Provisioner | None = None
 
 
 async def init_provisioner(cfg: ProvisionerConfig | None = None, seed: int | None = None) -> Provisioner:
-    """The program's provisioner; `seed` seeds the global RNGs of every process it starts."""
+    """The program's provisioner; `seed` seeds the global RNGs of every process it starts. With
+    `cfg.hosts`, attached to those workers (call it before anything else uses Monarch: it
+    chooses Monarch's transport)."""
     global _provisioner
     if _provisioner is None:
         _provisioner = Provisioner(cfg, seed)
+    await _provisioner.attach_hosts()
     return _provisioner
 
 

@@ -10,11 +10,15 @@ here and get told instead.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 from collections.abc import Callable
 
 import monarch.actor
+from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+
+from forge.controller.hosts import HostUnreachableError
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +28,8 @@ logger = logging.getLogger(__name__)
 _companion_meshes = {"logger", "setup"}
 
 _handlers: dict[str, Callable[[str], None]] = {}
+# Where a mesh runs, for failure messages (set for meshes on worker hosts).
+_descriptions: dict[str, str] = {}
 _lock = threading.Lock()
 _installed = False
 
@@ -45,6 +51,36 @@ def add_companion_mesh(actor_name: str) -> None:
     _companion_meshes.add(actor_name.lower())
 
 
+def describe(actor_name: str, where: str) -> None:
+    """Records where the mesh `actor_name` runs, to name it in failures. Kept after the mesh
+    stops: a failure is often reported after shutdown stopped everything (names are unique)."""
+    with _lock:
+        _descriptions[actor_name.lower()] = where
+
+
+def describe_failure(mesh_name: str) -> str:
+    """`mesh_name` and, when known, where it ran (e.g. "generator_1 (on host 1 (tls://...))")."""
+    with _lock:
+        where = _descriptions.get(_base_name(mesh_name))
+    return f"{mesh_name} ({where})" if where else mesh_name
+
+
+# What a program can report with `explain` and stop on: a call on an actor whose process (or
+# host) died, or a host that could not be reached at start-up.
+FAILURES = (SupervisionError, HostUnreachableError)
+_FAILED_CALL = re.compile(r"Endpoint call (\w+)\.\w+\(\) failed")
+
+
+def explain(error: BaseException) -> str:
+    """One line for a failed call on an actor that died: which actor, where it ran, why."""
+    text = str(error)
+    match = _FAILED_CALL.search(text)
+    if match is None:
+        return text.splitlines()[0] if text else type(error).__name__
+    reason = text.rsplit("has status:", 1)[-1].strip().splitlines()[0]
+    return f"actor {describe_failure(match.group(1))} failed: {reason}"
+
+
 def unregister(actor_name: str) -> None:
     with _lock:
         _handlers.pop(actor_name.lower(), None)
@@ -62,7 +98,9 @@ def _fault_hook(failure) -> None:
         logger.debug("ignoring failure of companion mesh %s", failure.mesh_name)
         return
     # An actor nobody can replace: keep Monarch's default, which stops the program.
-    logger.error("actor mesh %s failed and nothing can replace it: stopping", failure.mesh_name)
+    logger.error(
+        "actor mesh %s failed and nothing can replace it: stopping", describe_failure(failure.mesh_name)
+    )
     sys.exit(1)
 
 

@@ -17,19 +17,21 @@ preallocated tensors in place, checked against the manifest first.
 from __future__ import annotations
 
 import asyncio
-import os
+import logging
 import re
 
 import torch
 
-# Monarch must allow large messages for weight transfers. torchstore sets this itself when
-# it is unset, but then also sets the root logger to INFO and adds a stdout handler, which
-# floods every forge program's output; setting it first skips both.
-os.environ.setdefault("HYPERACTOR_CODEC_MAX_FRAME_LENGTH", "910737418240")
+from forge.monarch_env import set_frame_limit
+
+# Before torchstore's import, which reads it (see forge.monarch_env).
+set_frame_limit()
 
 import torchstore as ts  # noqa: E402
-from monarch.actor import get_or_spawn_controller, this_host  # noqa: E402
+from monarch.actor import get_or_spawn_controller  # noqa: E402
 
+from forge.controller.hosts import STORE_MESH_NAME  # noqa: E402
+from forge.controller.provisioner import get_provisioner  # noqa: E402
 from forge.store._compat import AsyncController  # noqa: E402
 
 DEFAULT_PREFIX = "policy"
@@ -54,17 +56,33 @@ def _manifest_key(version: int, prefix: str) -> str:
     return version_key(version, f"{prefix}_manifest")
 
 
+logger = logging.getLogger(__name__)
 _volume_mesh = None
 
 
 async def initialize() -> None:
-    """Starts the store (its controller and one storage volume). Call once per program."""
+    """Starts the store (its controller and one storage volume). Call once per program.
+
+    The volume's process comes from the provisioner, so with several hosts it runs where
+    `provisioner.placement` says: by default on the trainer's host, since the trainer writes
+    every byte and each generator reads it once. `placement()` reports where it is.
+    """
     global _volume_mesh
+    provisioner = await get_provisioner()
     await get_or_spawn_controller(_STORE_NAME, AsyncController)
     # Our own mesh for the storage volume (torchstore would spawn one it never stops).
-    _volume_mesh = this_host().spawn_procs(per_host={"procs": 1}, name="torchstore")
-    await _volume_mesh.initialized
+    _volume_mesh = await provisioner.get_proc_mesh(name=STORE_MESH_NAME, collect_metrics=False)
     await ts.initialize(store_name=_STORE_NAME, mesh=_volume_mesh)
+    where = await placement()
+    if where is not None:
+        logger.info("weight store volume on host %s (%s)", where["hosts"], where["addresses"])
+
+
+async def placement() -> dict | None:
+    """Where the storage volume runs when it is on a worker host (its host index, address
+    and process), else None."""
+    provisioner = await get_provisioner()
+    return next((p for p in provisioner.placement() if p["mesh"] == STORE_MESH_NAME), None)
 
 
 async def shutdown() -> None:
@@ -72,7 +90,7 @@ async def shutdown() -> None:
     global _volume_mesh
     await ts.shutdown(_STORE_NAME)
     if _volume_mesh is not None:
-        await _volume_mesh.stop()
+        await (await get_provisioner()).stop_proc_mesh(_volume_mesh)
         _volume_mesh = None
 
 

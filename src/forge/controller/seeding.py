@@ -1,0 +1,26 @@
+"""Seeds for the processes the provisioner starts: each process seeds Python's and torch's
+global RNGs with (run seed, its mesh's name, its rank) before any actor starts, so that what an
+actor draws from them repeats from run to run."""
+
+from __future__ import annotations
+
+import random
+
+
+def mesh_seed(seed: int, mesh_name: str) -> int:
+    """Mesh names end in a spawn counter (`Generator_3`); the seed must not depend on it, so
+    that a run seeds an actor the same however many meshes were started before it."""
+    from forge.engines.generation import sample_seed
+
+    base = mesh_name.rstrip("0123456789").rstrip("_")
+    return sample_seed(seed, int.from_bytes(base.encode()[:8], "little")) % 2**32
+
+
+def seed_global_rngs(seed: int | None, rank: int) -> None:
+    """In a new process (a mesh's bootstrap): a distinct, repeatable seed per rank."""
+    if seed is None:
+        return
+    import torch
+
+    random.seed(seed + rank)
+    torch.manual_seed(seed + rank)

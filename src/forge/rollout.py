@@ -6,7 +6,10 @@ call goes to an actor handle (`call_one`) or a service endpoint (`route`).
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
+from dataclasses import dataclass
 
 import torch
 
@@ -50,6 +53,29 @@ async def add_reference_logprobs(episodes: list[Episode], reference, pad_id: int
         episode.ref_logprobs = row
 
 
+@dataclass
+class RolloutCounts:
+    """What the rollout loops did since the start, for messages that explain a run's state."""
+
+    groups: int = 0
+    groups_skipped: int = 0  # no signal: every reward of the group was equal
+    groups_failed: int = 0  # lost with a generator replica that died
+    waits_for_room: int = 0  # times a loop waited on a full buffer
+
+
+async def wait_for_room(replay_buffer, counts: RolloutCounts | None = None, poll_s: float = 0.05) -> None:
+    """Waits while the buffer is full (backpressure), counting the wait in `rollout/wait_for_room_s`."""
+    started = time.perf_counter()
+    waited = False
+    while not await _call(replay_buffer.has_room)():
+        waited = True
+        await asyncio.sleep(poll_s)
+    if waited:
+        record_metric("rollout/wait_for_room_s", time.perf_counter() - started, Reduce.SUM)
+        if counts is not None:
+            counts.waits_for_room += 1
+
+
 async def rollout_step(
     *,
     dataset,
@@ -62,13 +88,16 @@ async def rollout_step(
     prompts_per_step: int,
     group_size: int,
     skip_groups_without_signal: bool,
+    counts: RolloutCounts | None = None,
 ) -> int:
     """Samples prompts, generates a group per prompt, scores it and adds it to the buffer.
 
     Returns the number of episodes added. A group whose rewards are all equal has zero
     advantage everywhere: with `skip_groups_without_signal` it is not added (DAPO's dynamic
-    sampling), and counted in `rollout/groups_skipped`.
+    sampling), and counted in `rollout/groups_skipped`. Waits first while the buffer is full.
     """
+    counts = counts if counts is not None else RolloutCounts()
+    await wait_for_room(replay_buffer, counts)
     rows = await _call(dataset.sample_batch)(prompts_per_step)
     groups = await _call(generator.generate_batch)([r["prompt"] for r in rows], n=group_size)
     scored = await score_groups(rows, groups, reward, advantages)
@@ -77,6 +106,8 @@ async def rollout_step(
     ]
     record_metric("rollout/groups_skipped", len(scored) - len(kept), Reduce.SUM)
     record_metric("rollout/groups", len(scored), Reduce.SUM)
+    counts.groups += len(scored)
+    counts.groups_skipped += len(scored) - len(kept)
     episodes = [e for g in kept for e in g]
     for e in (e for g in scored for e in g):
         record_metric("rollout/response_len", e.response_len, Reduce.MEAN)

@@ -36,6 +36,16 @@ class ReplayBuffer(ForgeActor):
         return [c[0] for c in collated], [c[1] for c in collated], versions
 
     @endpoint
+    async def has_room(self) -> bool:
+        """False while full: rollout loops wait on it (backpressure)."""
+        return self.buffer.has_room()
+
+    @endpoint
+    async def counts(self) -> dict[str, int]:
+        """Episodes added, evicted as stale and sampled since the start, and held now."""
+        return {**self.buffer.counts, "held": len(self.buffer)}
+
+    @endpoint
     async def state_dict(self) -> dict:
         return self.buffer.state_dict()
 

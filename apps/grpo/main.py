@@ -30,7 +30,12 @@ from forge.data.prompts import load_prompt_rows
 from forge.data.rewards import get_reward_fn
 from forge.engines.generation import check_model_dir
 from forge.observability import Reduce, get_metric_logger, record_metric
-from forge.rollout import greedy_accuracy, rollout_step
+from forge.rollout import RolloutCounts, greedy_accuracy, rollout_step
+from forge.runs import RunStopped
+from forge.runs.checkpoint import Progress, RunActors, RunCheckpointer
+from forge.runs.checks import check_eval_set, check_prompt_lengths
+from forge.runs.faults import wait_for_loops
+from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
 
 
 def ensure_warm_start(cfg: GRPOConfig) -> None:
@@ -52,7 +57,15 @@ def ensure_warm_start(cfg: GRPOConfig) -> None:
 def check_inputs(cfg: GRPOConfig) -> None:
     """Fails before any process starts on what would otherwise fail deep inside an actor."""
     check_model_dir(cfg.policy_path, "policy_path")
-    load_prompt_rows(cfg.dataset)  # raises on a missing column or an empty prompt set
+    train, evaluation = load_prompt_rows(cfg.dataset)  # raises on a missing column or no prompts
+    seq_len, max_tokens = cfg.trainer.engine.training.seq_len, cfg.generator.sampling.max_tokens
+    check_prompt_lengths(train, cfg.generator.model_path, seq_len, max_tokens)
+    check_eval_set(evaluation, cfg.eval.every)
+    checkpointer(cfg).check_start(cfg.resume)
+
+
+def checkpointer(cfg: GRPOConfig) -> RunCheckpointer:
+    return RunCheckpointer(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep)
 
 
 def progress_line(step: int, row: dict, accuracy: float | None, step_s: float) -> str:
@@ -90,9 +103,12 @@ async def _train(cfg: GRPOConfig) -> dict:
 
     pad_id = AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
     gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
+    generators = Generator.options(with_gpus=gpus, num_replicas=cfg.generator.replicas)
     dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
-        Generator.options(with_gpus=gpus).as_actor(cfg.generator),
+        generators.as_service(cfg.generator)
+        if cfg.generator.replicas > 1
+        else generators.as_actor(cfg.generator),
         TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus).as_actor(
             cfg.trainer.engine, cfg.trainer.loss
         ),
@@ -108,6 +124,8 @@ async def _train(cfg: GRPOConfig) -> dict:
     eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
     score_fn = get_reward_fn(cfg.eval.reward_fn)
     stop = asyncio.Event()
+    counts, skips = RolloutCounts(), SkippedUpdates(cfg.trainer.max_skipped_updates)
+    checkpoints, actors = checkpointer(cfg), RunActors(trainer, replay_buffer, dataset, generator)
 
     async def continuous_rollouts() -> None:
         while not stop.is_set():
@@ -122,27 +140,46 @@ async def _train(cfg: GRPOConfig) -> dict:
                 prompts_per_step=cfg.rollout.prompts_per_step,
                 group_size=cfg.rollout.group_size,
                 skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
+                counts=counts,
             )
+
+    async def publish(version: int) -> None:
+        await trainer.push_weights.call(version)
+        await (
+            generator.update_weights.fanout
+            if cfg.generator.replicas > 1
+            else generator.update_weights.call_one
+        )(version)
+
+    def explain_starvation():
+        return starvation_report(
+            counts, replay_buffer, reward, cfg.replay_buffer.max_policy_age, cfg.replay_buffer.batch_size
+        )
 
     async def evaluate() -> float:
         return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens)
 
-    async def continuous_training() -> dict:
-        accuracy = await evaluate()
-        history = {"eval_accuracy": [(0, accuracy)], "generator_versions": []}
-        print(f"step    0 | eval acc {accuracy:.3f} (initial policy)", flush=True)
-        version = 0
-        for step in range(1, cfg.max_steps + 1):
+    async def continuous_training(progress: Progress) -> dict:
+        history = progress.history
+        if progress.step == 0:
+            accuracy = await evaluate()
+            history["eval_accuracy"].append((0, accuracy))
+            print(f"step    0 | eval acc {accuracy:.3f} (initial policy)", flush=True)
+        version = progress.version
+        for step in range(progress.step + 1, cfg.max_steps + 1):
             started = time.perf_counter()
-            while (batch := await replay_buffer.sample.call_one(version)) is None:
-                await asyncio.sleep(0.05)
+            batch = await wait_for_batch(
+                lambda v=version: replay_buffer.sample.call_one(v),
+                cfg.replay_buffer.starve_timeout_s,
+                explain_starvation,
+            )
             inputs, targets, episode_versions = batch
-            await trainer.train_step.call(inputs, targets)
+            skips.observe(step, next(iter((await trainer.train_step.call(inputs, targets)).values())))
             version += 1
             sync_started = time.perf_counter()
-            await trainer.push_weights.call(version)
-            await generator.update_weights.call_one(version)
-            history["generator_versions"].append(await generator.get_version.call_one())
+            await publish(version)
+            if cfg.generator.replicas == 1:
+                history["generator_versions"].append(await generator.get_version.call_one())
             record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
             record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
             for old in (await store.versions())[: -cfg.keep_weight_versions]:
@@ -155,15 +192,23 @@ async def _train(cfg: GRPOConfig) -> dict:
             record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
             row = await metric_logger.flush(step)
             print(progress_line(step, row, accuracy, time.perf_counter() - started), flush=True)
+            every, last = cfg.checkpoint.every, step == cfg.max_steps
+            if every and (step % every == 0 or last):
+                await checkpoints.save(Progress(step, version, history), actors)
+            if last or (cfg.checkpoint.export_every and step % cfg.checkpoint.export_every == 0):
+                await trainer.export_hf.call(str(Path(cfg.output_dir, "export").resolve()), cfg.policy_path)
         return history
 
+    progress = Progress()
+    if cfg.resume:
+        progress = await checkpoints.resume(actors, publish, cfg.metrics.jsonl_path)
+        print(
+            f"resume: continuing after step {progress.step}" if progress.step else "resume: no checkpoint yet"
+        )
     rollouts = [asyncio.create_task(continuous_rollouts()) for _ in range(cfg.rollout.threads)]
-    training = asyncio.create_task(continuous_training())
+    training = asyncio.create_task(continuous_training(progress))
     try:
-        done, _ = await asyncio.wait([training, *rollouts], return_when=asyncio.FIRST_COMPLETED)
-        if training not in done:  # a rollout loop died: surface its error
-            next(iter(done)).result()
-        history = training.result()
+        history = await wait_for_loops(training, rollouts)
     finally:
         # Also on Ctrl-C (asyncio cancels this coroutine): stop both loops before the actors.
         stop.set()
@@ -190,6 +235,11 @@ def main(argv: list[str] | None = None) -> dict:
     except KeyboardInterrupt:
         print("interrupted: actors stopped", file=sys.stderr)
         raise SystemExit(130) from None
+    except RunStopped as e:
+        latest = checkpointer(cfg).latest()
+        where = f"newest checkpoint: {latest} (continue with resume=true)" if latest else "no checkpoint yet"
+        print(f"error: {e}\n{where}", file=sys.stderr)
+        raise SystemExit(1) from None
     (first_step, first), (last_step, last) = history["eval_accuracy"][0], history["eval_accuracy"][-1]
     print(
         f"done in {time.perf_counter() - started:.0f} s: eval accuracy {first:.3f} (step {first_step}) "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError
 from forge.data.episode_batch import collate_episodes, response_logprobs
 from forge.data.types import Completion, Episode
 from forge.observability import Reduce, record_metric
@@ -95,11 +96,19 @@ async def rollout_step(
     Returns the number of episodes added. A group whose rewards are all equal has zero
     advantage everywhere: with `skip_groups_without_signal` it is not added (DAPO's dynamic
     sampling), and counted in `rollout/groups_skipped`. Waits first while the buffer is full.
+    Groups lost with a generator replica that died (after the service's retry) are counted
+    in `rollout/groups_failed`.
     """
     counts = counts if counts is not None else RolloutCounts()
     await wait_for_room(replay_buffer, counts)
     rows = await _call(dataset.sample_batch)(prompts_per_step)
-    groups = await _call(generator.generate_batch)([r["prompt"] for r in rows], n=group_size)
+    try:
+        groups = await _call(generator.generate_batch)([r["prompt"] for r in rows], n=group_size)
+    except (ReplicaFailedError, NoHealthyReplicaError):  # the service is replacing the replica
+        counts.groups_failed += len(rows)
+        record_metric("rollout/groups_failed", len(rows), Reduce.SUM)
+        await asyncio.sleep(0.5)
+        return 0
     scored = await score_groups(rows, groups, reward, advantages)
     kept = [
         g for g in scored if not skip_groups_without_signal or has_signal(torch.tensor([e.reward for e in g]))

@@ -11,6 +11,7 @@ import time
 from typing import Any, Literal
 
 from monarch.actor import endpoint
+from pydantic import Field
 
 from forge import store
 from forge.config import ForgeConfigModel
@@ -28,6 +29,9 @@ class GeneratorConfig(ForgeConfigModel):
     engine: Literal["hf"] = "hf"
     dtype: Literal["float32", "bfloat16"] = "float32"
     sampling: SamplingParams = SamplingParams()
+    # More than 1 runs the generators as a service: a replica that dies is replaced, and the
+    # replacement loads the newest published weights before it serves.
+    replicas: int = Field(1, ge=1)
 
 
 def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None):
@@ -58,6 +62,10 @@ class Generator(ForgeActor):
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
         self.engine = build_generation_engine(self.cfg, self.tokenizer.eos_token_id)
         self._weights = None  # receive buffers, allocated on the first update
+        # A replica that replaces a dead one starts from the policy being trained, not model_path.
+        newest = await store.latest_version()
+        if newest is not None:
+            await self._load_version(newest)
 
     @endpoint
     async def generate(self, prompt: str, **sampling: Any) -> list[Completion]:
@@ -98,8 +106,10 @@ class Generator(ForgeActor):
     @endpoint
     async def update_weights(self, version: int) -> None:
         """Loads `version` from the store into preallocated buffers, then into the engine."""
-        if version == self.version:
-            return
+        if version != self.version:
+            await self._load_version(version)
+
+    async def _load_version(self, version: int) -> None:
         started = time.perf_counter()
         if self._weights is None:
             self._weights = self.engine.hf_state_dict_template()

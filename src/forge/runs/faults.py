@@ -9,6 +9,7 @@ beside its loops; `describe_actor_error` does the same for an error raised by a 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
@@ -16,6 +17,8 @@ from monarch.actor import ActorError
 
 from forge.controller import supervision
 from forge.runs.errors import RunStopped
+
+logger = logging.getLogger(__name__)
 
 # Monarch's messages: "Actor call TitanTrainer_3.train_step failed." and
 # "Endpoint call Generator_1.generate_batch() failed, ...".
@@ -41,9 +44,15 @@ class FaultWatch:
         self._loop.call_soon_threadsafe(lambda: self.failed.done() or self.failed.set_exception(error))
 
     def __exit__(self, *exc) -> None:
-        supervision.on_unrecoverable(None)
+        # Not Monarch's default (interrupt the main thread): the run is over, and reports of
+        # the same death often arrive while it stops its actors.
+        supervision.on_unrecoverable(_log_late_failure)
         if self.failed.done():
             self.failed.exception()  # retrieved: no "never retrieved" warning
+
+
+def _log_late_failure(actor: str, report: str) -> None:
+    logger.warning("actor %s died after its run ended: %s", actor, _last_line(report))
 
 
 def describe_actor_error(error: BaseException) -> RunStopped | None:
@@ -51,8 +60,9 @@ def describe_actor_error(error: BaseException) -> RunStopped | None:
     if not isinstance(error, ActorError | SupervisionError):
         return None
     text = str(error)
+    how = "died during" if isinstance(error, SupervisionError) else "raised in"
     match = _CALL_RE.search(text)
-    where = f"actor {match.group(1)} failed in {match.group(2)}()" if match else "an actor failed"
+    where = f"actor {match.group(1)} {how} {match.group(2)}()" if match else f"an actor {how} a call"
     return RunStopped(f"{where}: {_last_line(text)}")
 
 

@@ -109,13 +109,14 @@ async def _train(cfg: GRPOConfig) -> dict:
         generators.as_service(cfg.generator)
         if cfg.generator.replicas > 1
         else generators.as_actor(cfg.generator),
-        TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus).as_actor(
-            cfg.trainer.engine, cfg.trainer.loss
+        TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus, gpu_group="trainer").as_actor(
+            cfg.trainer.engine, cfg.trainer.loss, weights_dtype=cfg.generator.dtype
         ),
         ReplayBuffer.as_actor(cfg.replay_buffer, pad_id),
         RewardActor.as_actor(cfg.reward),
         ComputeAdvantages.as_actor(cfg.rollout.advantage),
-        ReferenceModel.options(with_gpus=gpus).as_actor(
+        # On the trainer's GPU: a KL term needs no GPU of its own.
+        ReferenceModel.options(with_gpus=gpus, gpu_group="trainer").as_actor(
             cfg.trainer.engine, cfg.generator.sampling.temperature
         )
         if cfg.use_reference

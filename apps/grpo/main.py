@@ -30,9 +30,9 @@ from forge.data.prompts import load_prompt_rows
 from forge.data.rewards import get_reward_fn
 from forge.engines.generation import check_model_dir
 from forge.observability import Reduce, get_metric_logger, record_metric
-from forge.rollout import RolloutCounts, greedy_accuracy, rollout_step
+from forge.rollout import RolloutCounts, greedy_accuracy, rollout_step, wait_for_room
 from forge.runs import RunStopped
-from forge.runs.checkpoint import Progress, RunActors, RunCheckpointer
+from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpointer
 from forge.runs.checks import check_eval_set, check_prompt_lengths
 from forge.runs.faults import wait_for_loops
 from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
@@ -127,22 +127,25 @@ async def _train(cfg: GRPOConfig) -> dict:
     stop = asyncio.Event()
     counts, skips = RolloutCounts(), SkippedUpdates(cfg.trainer.max_skipped_updates)
     checkpoints, actors = checkpointer(cfg), RunActors(trainer, replay_buffer, dataset, generator)
+    pause = RolloutPause()
 
     async def continuous_rollouts() -> None:
         while not stop.is_set():
-            await rollout_step(
-                dataset=dataset,
-                generator=generator,
-                reward=reward,
-                advantages=advantages,
-                reference=reference,
-                replay_buffer=replay_buffer,
-                pad_id=pad_id,
-                prompts_per_step=cfg.rollout.prompts_per_step,
-                group_size=cfg.rollout.group_size,
-                skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
-                counts=counts,
-            )
+            await wait_for_room(replay_buffer, counts)
+            async with pause.rollout():
+                await rollout_step(
+                    dataset=dataset,
+                    generator=generator,
+                    reward=reward,
+                    advantages=advantages,
+                    reference=reference,
+                    replay_buffer=replay_buffer,
+                    pad_id=pad_id,
+                    prompts_per_step=cfg.rollout.prompts_per_step,
+                    group_size=cfg.rollout.group_size,
+                    skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
+                    counts=counts,
+                )
 
     async def publish(version: int) -> None:
         await trainer.push_weights.call(version)
@@ -195,7 +198,8 @@ async def _train(cfg: GRPOConfig) -> dict:
             print(progress_line(step, row, accuracy, time.perf_counter() - started), flush=True)
             every, last = cfg.checkpoint.every, step == cfg.max_steps
             if every and (step % every == 0 or last):
-                await checkpoints.save(Progress(step, version, history), actors)
+                async with pause.paused():
+                    await checkpoints.save(Progress(step, version, history), actors)
             if last or (cfg.checkpoint.export_every and step % cfg.checkpoint.export_every == 0):
                 await trainer.export_hf.call(str(Path(cfg.output_dir, "export").resolve()), cfg.policy_path)
         return history

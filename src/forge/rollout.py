@@ -95,12 +95,12 @@ async def rollout_step(
 
     Returns the number of episodes added. A group whose rewards are all equal has zero
     advantage everywhere: with `skip_groups_without_signal` it is not added (DAPO's dynamic
-    sampling), and counted in `rollout/groups_skipped`. Waits first while the buffer is full.
+    sampling), and counted in `rollout/groups_skipped`. The caller waits for room in the buffer
+    first (`wait_for_room`).
     Groups lost with a generator replica that died (after the service's retry) are counted
     in `rollout/groups_failed`.
     """
     counts = counts if counts is not None else RolloutCounts()
-    await wait_for_room(replay_buffer, counts)
     rows = await _call(dataset.sample_batch)(prompts_per_step)
     try:
         groups = await _call(generator.generate_batch)([r["prompt"] for r in rows], n=group_size)

@@ -14,6 +14,8 @@ a run killed while saving leaves no directory that looks complete. Only the newe
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -61,6 +63,40 @@ class RunActors:
     replay_buffer: Any
     dataset: Any
     generator: Any
+
+
+class RolloutPause:
+    """Lets a checkpoint wait for the rollouts in flight and hold back new ones, so that the
+    buffer and the dataset cursor it saves agree: no prompt was drawn whose group is missing
+    from the buffer. Rollouts wait for buffer room before entering, never inside."""
+
+    def __init__(self):
+        self._open = asyncio.Event()
+        self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._active = 0
+
+    @contextlib.asynccontextmanager
+    async def rollout(self):
+        await self._open.wait()
+        self._active += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def paused(self):
+        self._open.clear()
+        try:
+            await self._idle.wait()
+            yield
+        finally:
+            self._open.set()
 
 
 def _rank0(value_mesh) -> Any:

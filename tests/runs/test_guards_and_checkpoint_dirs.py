@@ -1,5 +1,7 @@
 """The skipped-update guard and which checkpoint directories count as complete (no actors)."""
 
+import asyncio
+
 import pytest
 
 from forge.observability.collector import pop_state
@@ -32,3 +34,30 @@ def test_only_renamed_checkpoints_with_their_run_state_are_complete(tmp_path):
     with pytest.raises(ValueError, match="newest: step_00000010\\): pass resume=true"):
         checkpoints.check_start(resume=False)
     RunCheckpointer(tmp_path / "fresh", keep=2).check_start(resume=False)
+
+
+def test_a_checkpoint_waits_for_rollouts_in_flight_and_holds_new_ones():
+    from forge.runs.checkpoint import RolloutPause
+
+    async def run():
+        pause, events = RolloutPause(), []
+
+        async def rollout(name: str, seconds: float):
+            async with pause.rollout():
+                events.append(f"{name} start")
+                await asyncio.sleep(seconds)
+                events.append(f"{name} end")
+
+        async def checkpoint():
+            async with pause.paused():
+                events.append("save")
+
+        first = asyncio.create_task(rollout("a", 0.2))
+        await asyncio.sleep(0.05)
+        saving = asyncio.create_task(checkpoint())
+        await asyncio.sleep(0)
+        second = asyncio.create_task(rollout("b", 0.0))
+        await asyncio.gather(first, saving, second)
+        assert events == ["a start", "a end", "save", "b start", "b end"]
+
+    asyncio.run(run())

@@ -155,6 +155,11 @@ async def _train(cfg: GRPOConfig) -> dict:
             else generator.update_weights.call_one
         )(version)
 
+    async def next_batch(version: int):
+        while (batch := await replay_buffer.sample.call_one(version)) is None:
+            await asyncio.sleep(0.05)
+        return batch
+
     def explain_starvation():
         return starvation_report(
             counts, replay_buffer, reward, cfg.replay_buffer.max_policy_age, cfg.replay_buffer.batch_size
@@ -173,9 +178,7 @@ async def _train(cfg: GRPOConfig) -> dict:
         for step in range(progress.step + 1, cfg.max_steps + 1):
             started = time.perf_counter()
             batch = await wait_for_batch(
-                lambda v=version: replay_buffer.sample.call_one(v),
-                cfg.replay_buffer.starve_timeout_s,
-                explain_starvation,
+                next_batch(version), cfg.replay_buffer.starve_timeout_s, explain_starvation
             )
             inputs, targets, episode_versions = batch
             skips.observe(step, next(iter((await trainer.train_step.call(inputs, targets)).values())))

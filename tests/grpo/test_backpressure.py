@@ -28,6 +28,12 @@ def episode(version: int = 0) -> Episode:
     return Episode(completion, target="t", group_id="g", advantage=0.5)
 
 
+async def never_a_batch(buffer):
+    # The trainer is at version 1: the version-0 episodes are evicted as stale.
+    while await buffer.sample.call_one(1) is None:
+        await asyncio.sleep(0.05)
+
+
 def test_a_full_buffer_makes_rollouts_wait_and_a_starving_trainer_stops_with_the_counts():
     async def run():
         buffer = await ReplayBuffer.as_actor(
@@ -50,7 +56,7 @@ def test_a_full_buffer_makes_rollouts_wait_and_a_starving_trainer_stops_with_the
             await buffer.add_many.call_one([episode(), episode()])
             with pytest.raises(RunStopped) as stopped:
                 await wait_for_batch(
-                    lambda: buffer.sample.call_one(1),
+                    never_a_batch(buffer),
                     1.0,
                     lambda: starvation_report(counts, buffer, reward, max_policy_age=0, batch_size=2),
                 )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 from forge.observability import Reduce, record_metric
@@ -34,22 +33,15 @@ class SkippedUpdates:
             )
 
 
-async def wait_for_batch(
-    sample: Callable[[], Awaitable],
-    timeout_s: float,
-    explain: Callable[[], Awaitable[str]],
-    poll_s: float = 0.05,
-):
-    """Polls `sample()` until it gives a batch; after `timeout_s` without one, stops the run
-    with `explain()`'s account of where the episodes went."""
-    started = time.monotonic()
-    while (batch := await sample()) is None:
-        if time.monotonic() - started > timeout_s:
-            raise RunStopped(
-                f"the trainer got no batch for {timeout_s:g} s (replay_buffer.starve_timeout_s). {await explain()}"
-            )
-        await asyncio.sleep(poll_s)
-    return batch
+async def wait_for_batch(batch: Awaitable, timeout_s: float, explain: Callable[[], Awaitable[str]]):
+    """Awaits `batch`; after `timeout_s` without it, stops the run with `explain()`'s account
+    of where the episodes went."""
+    try:
+        return await asyncio.wait_for(batch, timeout_s)
+    except TimeoutError:
+        raise RunStopped(
+            f"the trainer got no batch for {timeout_s:g} s (replay_buffer.starve_timeout_s). {await explain()}"
+        ) from None
 
 
 async def starvation_report(

@@ -53,6 +53,8 @@ class Progress:
     step: int = 0
     version: int = 0
     history: dict[str, list] = field(default_factory=lambda: {"eval_accuracy": [], "generator_versions": []})
+    # On restore: the policy versions of the episodes the buffer holds again.
+    buffered_versions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -179,7 +181,8 @@ class RunCheckpointer:
         torch.set_rng_state(state["rng"]["controller"]["torch"])
         if state["rng"]["generator"] is not None and not _is_service(actors.generator):
             await actors.generator.load_rng_state.call_one(state["rng"]["generator"])
-        return Progress(state["step"], state["version"], state["history"])
+        buffered = [episode.policy_version for episode in state["replay_buffer"]["episodes"]]
+        return Progress(state["step"], state["version"], state["history"], buffered)
 
     async def resume(self, actors: RunActors, publish, metrics_path: str | None) -> Progress:
         """`restore` from the newest checkpoint (a fresh `Progress` when there is none), then

@@ -96,15 +96,19 @@ def test_hung_and_infinite_rewards_cost_nothing_and_the_run_checkpoints_and_expo
 
 
 def actor_processes(app_pid: int, name: str) -> list[psutil.Process]:
-    """The app's actor processes of meshes launched as `name` (Monarch names the process)."""
+    """The app's live actor processes of meshes launched as `name`, newest mesh last (Monarch
+    names each process after its mesh, `<name>_<n>`; an earlier run's may still be exiting)."""
     found = []
     for child in psutil.Process(app_pid).children(recursive=True):
         try:
-            if child.environ().get("HYPERACTOR_PROCESS_NAME", "").startswith(name.lower() + "_"):
-                found.append(child)
+            process_name = child.environ().get("HYPERACTOR_PROCESS_NAME", "")
+            if child.status() != psutil.STATUS_ZOMBIE and (
+                m := re.match(rf"{name.lower()}_(\d+)-", process_name)
+            ):
+                found.append((int(m.group(1)), child))
         except psutil.Error:
             continue
-    return found
+    return [child for _, child in sorted(found, key=lambda item: item[0])]
 
 
 SYNC = ["seed=3", "max_steps=4", "replay_buffer.max_policy_age=0", "rollout.threads=1", "checkpoint.every=2"]
@@ -168,7 +172,7 @@ def test_a_killed_generator_replica_is_replaced_and_the_run_completes(write_grpo
         deadline = time.time() + 600
         while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
             time.sleep(0.1)
-        replicas = actor_processes(app_pid, "Generator")
+        replicas = actor_processes(app_pid, "Generator")[-2:]  # this run's two replicas
         if len(replicas) == 2:
             replicas[0].send_signal(signal.SIGKILL)
             killed.append(replicas[0].pid)

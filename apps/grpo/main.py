@@ -6,6 +6,7 @@ python -m apps.grpo.main --config configs/grpo/tiny_cpu.yaml [key=value ...]
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import subprocess
@@ -26,14 +27,12 @@ from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
 from forge.config import parse_args, save_config
 from forge.controller import init_provisioner, shutdown
-from forge.data.prompts import load_prompt_rows
 from forge.data.rewards import get_reward_fn
-from forge.engines.generation import check_model_dir
 from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.rollout import RolloutCounts, greedy_accuracy, rollout_step, wait_for_room
 from forge.runs import RunStopped
 from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpointer
-from forge.runs.checks import check_eval_set, check_prompt_lengths
+from forge.runs.checks import check_run_inputs
 from forge.runs.faults import wait_for_loops
 from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
 
@@ -52,16 +51,6 @@ def ensure_warm_start(cfg: GRPOConfig) -> None:
         *cfg.warm_start.sft_overrides,
     ]
     subprocess.run(command, check=True)
-
-
-def check_inputs(cfg: GRPOConfig) -> None:
-    """Fails before any process starts on what would otherwise fail deep inside an actor."""
-    check_model_dir(cfg.policy_path, "policy_path")
-    train, evaluation = load_prompt_rows(cfg.dataset)  # raises on a missing column or no prompts
-    seq_len, max_tokens = cfg.trainer.engine.training.seq_len, cfg.generator.sampling.max_tokens
-    check_prompt_lengths(train, cfg.generator.model_path, seq_len, max_tokens)
-    check_eval_set(evaluation, cfg.eval.every)
-    checkpointer(cfg).check_start(cfg.resume)
 
 
 def checkpointer(cfg: GRPOConfig) -> RunCheckpointer:
@@ -160,10 +149,9 @@ async def _train(cfg: GRPOConfig) -> dict:
             await asyncio.sleep(0.05)
         return batch
 
-    def explain_starvation():
-        return starvation_report(
-            counts, replay_buffer, reward, cfg.replay_buffer.max_policy_age, cfg.replay_buffer.batch_size
-        )
+    explain_starvation = functools.partial(
+        starvation_report, counts, replay_buffer, reward, cfg.replay_buffer
+    )
 
     async def evaluate() -> float:
         return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens)
@@ -233,7 +221,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = parse_args(GRPOConfig, argv, description="GRPO training with forge")
     ensure_warm_start(cfg)
     try:
-        check_inputs(cfg)
+        check_run_inputs(cfg)
+        checkpointer(cfg).check_start(cfg.resume)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -36,9 +36,8 @@ async def never_a_batch(buffer):
 
 def test_a_full_buffer_makes_rollouts_wait_and_a_starving_trainer_stops_with_the_counts():
     async def run():
-        buffer = await ReplayBuffer.as_actor(
-            ReplayBufferConfig(batch_size=2, max_size=2, max_policy_age=0), 0
-        )
+        config = ReplayBufferConfig(batch_size=2, max_size=2, max_policy_age=0)
+        buffer = await ReplayBuffer.as_actor(config, 0)
         reward = await RewardActor.as_actor(RewardConfig(timeout_s=None))
         try:
             pop_state()
@@ -58,7 +57,7 @@ def test_a_full_buffer_makes_rollouts_wait_and_a_starving_trainer_stops_with_the
                 await wait_for_batch(
                     never_a_batch(buffer),
                     1.0,
-                    lambda: starvation_report(counts, buffer, reward, max_policy_age=0, batch_size=2),
+                    lambda: starvation_report(counts, buffer, reward, config),
                 )
             message = str(stopped.value)
             assert "no batch for 1 s (replay_buffer.starve_timeout_s)" in message

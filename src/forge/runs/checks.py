@@ -6,7 +6,18 @@ without failing: a prompt too long for the trainer's sequence length.
 
 from __future__ import annotations
 
-from forge.data.prompts import Row
+from forge.data.prompts import Row, load_prompt_rows
+from forge.engines.generation import check_model_dir
+
+
+def check_run_inputs(cfg) -> None:
+    """Every check of a GRPO config's inputs (`apps.grpo.config.GRPOConfig`), before any process
+    starts, on what would otherwise fail deep inside an actor."""
+    check_model_dir(cfg.policy_path, "policy_path")
+    train, evaluation = load_prompt_rows(cfg.dataset)  # raises on a missing column or no prompts
+    seq_len, max_tokens = cfg.trainer.engine.training.seq_len, cfg.generator.sampling.max_tokens
+    check_prompt_lengths(train, cfg.generator.model_path, seq_len, max_tokens)
+    check_eval_set(evaluation, cfg.eval.every)
 
 
 def check_prompt_lengths(rows: list[Row], tokenizer_path: str, seq_len: int, max_tokens: int) -> None:

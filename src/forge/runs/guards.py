@@ -44,10 +44,10 @@ async def wait_for_batch(batch: Awaitable, timeout_s: float, explain: Callable[[
         ) from None
 
 
-async def starvation_report(
-    rollouts: RolloutCounts, replay_buffer, reward, max_policy_age: int, batch_size: int
-) -> str:
-    """Counts since the start that explain a starving trainer."""
+async def starvation_report(rollouts: RolloutCounts, replay_buffer, reward, buffer_config) -> str:
+    """Counts since the start that explain a starving trainer (`buffer_config`: a
+    `ReplayBufferConfig`)."""
+    max_policy_age, batch_size = buffer_config.max_policy_age, buffer_config.batch_size
     buffer = await replay_buffer.counts.call_one()
     rewards = await reward.counts.call_one()
     return (

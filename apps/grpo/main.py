@@ -129,7 +129,6 @@ async def _train(cfg: GRPOConfig) -> dict:
                     advantages=advantages,
                     reference=reference,
                     replay_buffer=replay_buffer,
-                    pad_id=pad_id,
                     prompts_per_step=cfg.rollout.prompts_per_step,
                     group_size=cfg.rollout.group_size,
                     skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
@@ -168,15 +167,18 @@ async def _train(cfg: GRPOConfig) -> dict:
             batch = await wait_for_batch(
                 next_batch(version), cfg.replay_buffer.starve_timeout_s, explain_starvation
             )
-            inputs, targets, episode_versions = batch
-            skips.observe(step, next(iter((await trainer.train_step.call(inputs, targets)).values())))
+            skips.observe(step, next(iter((await trainer.train_step.call(batch)).values())))
             version += 1
             sync_started = time.perf_counter()
             await publish(version)
             if cfg.generator.replicas == 1:
                 history["generator_versions"].append(await generator.get_version.call_one())
             record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
-            record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
+            record_metric(
+                "grpo/trained_policy_age_max",
+                version - 1 - min(int(b.policy_versions.min()) for b in batch),
+                Reduce.MAX,
+            )
             for old in (await store.versions())[: -cfg.keep_weight_versions]:
                 await store.delete(old)
             accuracy = None

@@ -37,6 +37,9 @@ def hangs_once(prompt, response, target):
 
 def inf_on_even_length(prompt, response, target):
     return math.inf if len(response) % 2 == 0 else 0.5
+
+def by_length(prompt, response, target):
+    return len(response) / 10  # a signal even for a random policy
 """
 
 
@@ -123,8 +126,10 @@ COMPARED = (
 )
 
 
-def test_a_killed_trainer_names_itself_and_the_run_resumes_to_the_same_numbers(write_grpo_config, tmp_path):
-    config = write_grpo_config()
+def test_a_killed_trainer_names_itself_and_the_run_resumes_to_the_same_numbers(
+    write_grpo_config, tmp_path, rewards_module
+):
+    config = write_grpo_config(reward=f"{{functions: [{{name: '{rewards_module}:by_length'}}]}}")
     straight = tmp_path / "straight"
     main(["--config", str(config), *SYNC, f"output_dir={straight}", f"metrics.jsonl_path={straight}/m.jsonl"])
 
@@ -156,6 +161,7 @@ def test_a_killed_trainer_names_itself_and_the_run_resumes_to_the_same_numbers(w
     main([*argv, "resume=true"])
     expected, resumed = read_rows(straight / "m.jsonl"), read_rows(killed / "m.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]  # no repeats, no gaps
+    assert all(r["train/loss"] != 0 for r in expected)  # the comparison below is not of zeros
     for want, got in zip(expected, resumed, strict=True):
         for key in COMPARED:
             assert got.get(key) == want.get(key), (

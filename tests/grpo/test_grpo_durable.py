@@ -152,8 +152,9 @@ def test_a_killed_trainer_names_itself_and_the_run_resumes_to_the_same_numbers(
     finally:
         app.kill()
     assert app.returncode == 1, output[-3000:]
-    # Named by whichever comes first: the failed call, or Monarch's report of the death.
-    assert re.search(r"error: actor TitanTrainer_\d+ died.*Killed\(sig=9\)", output), output[-3000:]
+    # Named by whichever comes first, the failed call or Monarch's report of the death; the
+    # reason's wording varies ("Killed(sig=9)", or a timeout waiting for the dead process).
+    assert re.search(r"error: actor TitanTrainer_\d+ died", output), output[-3000:]
     assert (
         f"newest checkpoint: {killed / 'checkpoints' / 'step_00000002'} (continue with resume=true)" in output
     )

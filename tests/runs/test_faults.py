@@ -40,7 +40,7 @@ def test_an_exception_in_an_endpoint_and_a_killed_process_name_the_actor():
             pid = await actor.pid.call_one()
             main = asyncio.create_task(_idle())
             asyncio.get_running_loop().call_later(0.5, os.kill, pid, signal.SIGKILL)
-            with pytest.raises(RunStopped, match=r"actor Fragile_\d+ died.*Killed\(sig=9\)"):
+            with pytest.raises(RunStopped, match=r"actor Fragile_\d+ died"):
                 await asyncio.wait_for(wait_for_loops(main, []), 120)
         finally:
             await shutdown()

@@ -1,6 +1,17 @@
 """GRPO: continuous rollouts and continuous training, joined by the replay buffer.
 
 python -m apps.grpo.main --config configs/grpo/tiny_cpu.yaml [key=value ...]
+
+    rollout loops (x rollout.threads)            training loop
+    ---------------------------------            -------------
+    wait: staleness bound allows a rollout       wait: a batch is buffered
+    prompts -> Generator (newest weights,        ReplayBuffer.sample -> TitanTrainer.train_step
+      at least version T - max_policy_age)       TitanTrainer.push_weights(T+1): snapshot, then
+      -> reward -> advantages -> reference         store put in the background -> generators
+      -> ReplayBuffer.add                          pick it up before their next request
+
+The staleness bound (forge.staleness) pauses rollouts whose episodes could only go stale;
+the training loop waits for nothing but a batch.
 """
 
 from __future__ import annotations
@@ -35,6 +46,8 @@ from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpoi
 from forge.runs.checks import check_run_inputs
 from forge.runs.faults import wait_for_loops
 from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
+from forge.staleness import StalenessBound
+from forge.weight_sync import resolve_transport
 
 
 def ensure_warm_start(cfg: GRPOConfig) -> None:
@@ -65,6 +78,7 @@ def progress_line(step: int, row: dict, accuracy: float | None, step_s: float) -
         f"policy age {row.get('buffer/policy_age_mean', float('nan')):.2f}",
         f"gen {row.get('generator/tokens_per_s', float('nan')):.0f} tok/s",
         f"sync {row.get('grpo/weight_sync_ms', float('nan')):.0f} ms",
+        f"wait {row.get('grpo/wait_batch_ms', float('nan')):.0f} ms",
         f"{step_s:.2f} s/step",
     ]
     return " | ".join(parts)
@@ -77,7 +91,7 @@ async def run(cfg: GRPOConfig) -> dict:
     save_config(cfg, out / "config.yaml")
     if cfg.actor_threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
-    await init_provisioner(cfg.provisioner)
+    await init_provisioner(cfg.provisioner, seed=cfg.seed)
     try:
         return await _train(cfg)
     finally:
@@ -91,15 +105,21 @@ async def _train(cfg: GRPOConfig) -> dict:
     from transformers import AutoTokenizer
 
     pad_id = AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
+    transport = resolve_transport(cfg.generator.weight_transport)
     gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
     generators = Generator.options(with_gpus=gpus, num_replicas=cfg.generator.replicas)
+    generator_cfg = cfg.generator.model_copy(update={"weight_transport": transport})
     dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
-        generators.as_service(cfg.generator)
+        generators.as_service(generator_cfg)
         if cfg.generator.replicas > 1
-        else generators.as_actor(cfg.generator),
+        else generators.as_actor(generator_cfg),
         TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus, gpu_group="trainer").as_actor(
-            cfg.trainer.engine, cfg.trainer.loss, weights_dtype=cfg.generator.dtype
+            cfg.trainer.engine,
+            cfg.trainer.loss,
+            weights_dtype=cfg.generator.dtype,
+            keep_weight_versions=cfg.keep_weight_versions,
+            weight_transport=transport,
         ),
         ReplayBuffer.as_actor(cfg.replay_buffer, pad_id),
         RewardActor.as_actor(cfg.reward),
@@ -114,36 +134,39 @@ async def _train(cfg: GRPOConfig) -> dict:
     eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
     score_fn = get_reward_fn(cfg.eval.reward_fn)
     stop = asyncio.Event()
+    bound = StalenessBound(cfg.replay_buffer.max_policy_age, cfg.replay_buffer.batch_size)
+    rollout_episodes = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     counts, skips = RolloutCounts(), SkippedUpdates(cfg.trainer.max_skipped_updates)
     checkpoints, actors = checkpointer(cfg), RunActors(trainer, replay_buffer, dataset, generator)
     pause = RolloutPause()
 
     async def continuous_rollouts() -> None:
+        """Waits for the staleness bound to allow a rollout, then makes one into the buffer."""
         while not stop.is_set():
             await wait_for_room(replay_buffer, counts)
-            async with pause.rollout():
-                await rollout_step(
-                    dataset=dataset,
-                    generator=generator,
-                    reward=reward,
-                    advantages=advantages,
-                    reference=reference,
-                    replay_buffer=replay_buffer,
-                    prompts_per_step=cfg.rollout.prompts_per_step,
-                    group_size=cfg.rollout.group_size,
-                    skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
-                    counts=counts,
-                )
-
-    async def publish(version: int) -> None:
-        await trainer.push_weights.call(version)
-        await (
-            generator.update_weights.fanout
-            if cfg.generator.replicas > 1
-            else generator.update_weights.call_one
-        )(version)
+            min_version = await bound.start_rollout(rollout_episodes)
+            added: list[int] = []
+            try:
+                async with pause.rollout():  # a checkpoint holds new rollouts (see RolloutPause)
+                    added = await rollout_step(
+                        dataset=dataset,
+                        generator=generator,
+                        reward=reward,
+                        advantages=advantages,
+                        reference=reference,
+                        replay_buffer=replay_buffer,
+                        prompts_per_step=cfg.rollout.prompts_per_step,
+                        group_size=cfg.rollout.group_size,
+                        skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
+                        min_version=min_version,
+                        counts=counts,
+                    )
+            finally:
+                await bound.finish_rollout(rollout_episodes, added)
 
     async def next_batch(version: int):
+        await bound.wait_for_batch()
+        # The bound mirrors the buffer, so the first sample normally has a batch.
         while (batch := await replay_buffer.sample.call_one(version)) is None:
             await asyncio.sleep(0.05)
         return batch
@@ -152,13 +175,14 @@ async def _train(cfg: GRPOConfig) -> dict:
         starvation_report, counts, replay_buffer, reward, cfg.replay_buffer
     )
 
-    async def evaluate() -> float:
-        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens)
+    async def evaluate(version: int) -> float:
+        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens, version)
 
     async def continuous_training(progress: Progress) -> dict:
+        """Waits only for a batch; publishing the new weights overlaps the next step."""
         history = progress.history
         if progress.step == 0:
-            accuracy = await evaluate()
+            accuracy = await evaluate(0)
             history["eval_accuracy"].append((0, accuracy))
             print(f"step    0 | eval acc {accuracy:.3f} (initial policy)", flush=True)
         version = progress.version
@@ -167,23 +191,18 @@ async def _train(cfg: GRPOConfig) -> dict:
             batch = await wait_for_batch(
                 next_batch(version), cfg.replay_buffer.starve_timeout_s, explain_starvation
             )
+            record_metric("grpo/wait_batch_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
             skips.observe(step, next(iter((await trainer.train_step.call(batch)).values())))
             version += 1
             sync_started = time.perf_counter()
-            await publish(version)
-            if cfg.generator.replicas == 1:
-                history["generator_versions"].append(await generator.get_version.call_one())
+            await trainer.push_weights.call(version)
             record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
-            record_metric(
-                "grpo/trained_policy_age_max",
-                version - 1 - min(int(b.policy_versions.min()) for b in batch),
-                Reduce.MAX,
-            )
-            for old in (await store.versions())[: -cfg.keep_weight_versions]:
-                await store.delete(old)
+            episode_versions = [int(v) for b in batch for v in b.policy_versions]
+            record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
+            await bound.trained(episode_versions)
             accuracy = None
             if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
-                accuracy = await evaluate()
+                accuracy = await evaluate(version)
                 record_metric("eval/accuracy", accuracy, Reduce.MEAN)
                 history["eval_accuracy"].append((step, accuracy))
             record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
@@ -195,11 +214,13 @@ async def _train(cfg: GRPOConfig) -> dict:
                     await checkpoints.save(Progress(step, version, history), actors)
             if last or (cfg.checkpoint.export_every and step % cfg.checkpoint.export_every == 0):
                 await trainer.export_hf.call(str(Path(cfg.output_dir, "export").resolve()), cfg.policy_path)
+        await trainer.wait_published.call()
         return history
 
     progress = Progress()
     if cfg.resume:
-        progress = await checkpoints.resume(actors, publish, cfg.metrics.jsonl_path)
+        progress = await checkpoints.resume(actors, trainer.push_weights.call, cfg.metrics.jsonl_path)
+        bound.restore(progress.version, progress.buffered_versions)
         print(
             f"resume: continuing after step {progress.step}" if progress.step else "resume: no checkpoint yet"
         )

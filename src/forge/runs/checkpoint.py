@@ -52,7 +52,7 @@ class Progress:
 
     step: int = 0
     version: int = 0
-    history: dict[str, list] = field(default_factory=lambda: {"eval_accuracy": [], "generator_versions": []})
+    history: dict[str, list] = field(default_factory=lambda: {"eval_accuracy": []})
     # On restore: the policy versions of the episodes the buffer holds again.
     buffered_versions: list[int] = field(default_factory=list)
 

@@ -39,8 +39,8 @@ def hangs_once(prompt, response, target):
 def inf_on_even_length(prompt, response, target):
     return math.inf if len(response) % 2 == 0 else 0.5
 
-def by_length(prompt, response, target):
-    return len(response) / 10  # a signal even for a random policy
+def by_characters(prompt, response, target):
+    return sum(map(ord, response)) % 7 / 7  # varies within a group even for a random policy
 """
 
 
@@ -130,7 +130,7 @@ COMPARED = (
 def test_a_killed_trainer_names_itself_and_the_run_resumes_to_the_same_numbers(
     write_grpo_config, tmp_path, rewards_module
 ):
-    config = write_grpo_config(reward=f"{{functions: [{{name: '{rewards_module}:by_length'}}]}}")
+    config = write_grpo_config(reward=f"{{functions: [{{name: '{rewards_module}:by_characters'}}]}}")
     straight = tmp_path / "straight"
     main(["--config", str(config), *SYNC, f"output_dir={straight}", f"metrics.jsonl_path={straight}/m.jsonl"])
 

@@ -57,11 +57,10 @@ def test_math_answer(response, target, expected):
 
 
 def test_math_answer_refuses_numbers_too_large_to_parse_cheaply():
-    started = time.perf_counter()
+    # Refused before Fraction builds 10**100000000 (how long that takes: bench/math_answer_bench.py).
+    assert parse_number("1e100000000") is None and parse_number("9" * 5000) is None
     assert math_answer("p", "\\boxed{1e100000000}", "1") == 0.0
     assert math_answer("p", "<answer>1e100000000</answer>", "1e100000000") == 1.0  # equal as text
-    assert math_answer("p", "\\boxed{" + "9" * 5000 + "}", "1") == 0.0
-    assert time.perf_counter() - started < 0.01
     assert parse_number("1e3") == 1000 and parse_number("1e1001") is None
     # Tolerance compared exactly: no float conversion to overflow.
     assert math_answer("p", "<answer>2.5e999</answer>", "25e998") == 1.0
@@ -166,15 +165,12 @@ def test_scorer_times_out_a_hung_call_restarts_its_worker_and_goes_on():
     name = f"{__name__}:_sleeps_on_target_7"
     scorer = RewardScorer([(name, 1.0), ("toy_task", 1.0)], error_reward=-1.0, timeout_s=0.5)
     try:
-        started = time.perf_counter()
         scores = scorer.score_many([("3+4=", "7", "7"), ("1+1=", "2", "2"), ("3+4=", "7", "7")])
-        elapsed = time.perf_counter() - started
         assert [total for total, _ in scores] == [-1.0 + 1.0, 1.0 + 1.0, -1.0 + 1.0]
         assert scores[1][1] == {name: 1.0, "toy_task": 1.0}
         assert scorer._worker.restarts == 2  # once per hung call; the calls after each went on
         assert scorer.counts == {"errors": 0, "timeouts": 2}
         assert pop_state()[f"reward/{name}/timeouts"].value() == 2
-        assert elapsed < 60  # two timeouts and two restarts, not an hour
     finally:
         scorer.close()
 

@@ -37,7 +37,11 @@ SMALL = [
 # What a config needs beyond SMALL (e.g. the data file it expects a user to provide).
 EXTRA = {
     "grpo/tiny_cpu.yaml": ["dataset.toy_task.num_train=64", "dataset.toy_task.num_eval=8"],
-    "grpo/qwen3_1_7b.yaml": ["dataset.path={prompts}", "trainer.engine.training.microbatch_size=4"],
+    "grpo/qwen3_1_7b.yaml": [
+        "dataset.path={prompts}",
+        "dataset.eval_path={prompts}",
+        "trainer.engine.training.microbatch_size=4",
+    ],
 }
 
 

@@ -2,7 +2,6 @@
 checkpoints and the export are complete, a dead actor stops the run by name, a killed
 generator replica is replaced, and a killed run resumes to the same numbers."""
 
-import importlib.util
 import json
 import math
 import os
@@ -164,11 +163,6 @@ def test_a_killed_trainer_names_itself_and_the_run_resumes_to_the_same_numbers(
     expected, resumed = read_rows(straight / "m.jsonl"), read_rows(killed / "m.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]  # no repeats, no gaps
     assert all(r["train/loss"] != 0 for r in expected)  # the comparison below is not of zeros
-    if importlib.util.find_spec("forge.staleness") is None:
-        pytest.xfail(
-            "bit-exact resume needs sampling seeded per prompt and the rollout side of the staleness "
-            "bound (issue 11, branch wt-sync): without them the rollouts race the trainer"
-        )
     for want, got in zip(expected, resumed, strict=True):
         for key in COMPARED:
             assert got.get(key) == want.get(key), (

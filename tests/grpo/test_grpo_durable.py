@@ -115,15 +115,9 @@ def actor_processes(app_pid: int, name: str) -> list[psutil.Process]:
 
 
 SYNC = ["seed=3", "max_steps=4", "replay_buffer.max_policy_age=0", "rollout.threads=1", "checkpoint.every=2"]
-COMPARED = (
-    "train/loss",
-    "loss/pg",
-    "loss/kl",
-    "train/grad_norm",
-    "rollout/reward",
-    "reward/total",
-    "eval/accuracy",
-)
+# Values of what each step trained on: rollout/reward depends on which rollouts finished
+# before the step's flush, which differs between any two runs.
+COMPARED = ("train/loss", "loss/pg", "loss/kl", "train/grad_norm", "buffer/sampled_reward", "eval/accuracy")
 
 
 def test_a_killed_trainer_names_itself_and_the_run_resumes_to_the_same_numbers(

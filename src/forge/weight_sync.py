@@ -206,7 +206,7 @@ class WeightPuller:
     ) -> int | None:
         """Loads the newest complete version if it is newer than `current`, waiting until one
         is at least `min_version`. Returns the version loaded, or None."""
-        loaded = None
+        loaded = failed = None
         while True:
             newest = await self.newest()
             if newest is not None and newest > current:
@@ -214,7 +214,12 @@ class WeightPuller:
                 try:
                     await self.transport.get(newest, into)
                 except store.VersionNotFoundError:
-                    continue  # deleted while read: a newer one exists
+                    # Deleted (or its slot reused) while read: a newer one exists. The same
+                    # version failing twice is no race but a fault: surface it.
+                    if failed == newest:
+                        raise
+                    failed = newest
+                    continue
                 _record_sync("pull", _nbytes(into), time.perf_counter() - started)
                 loaded = current = newest
             if current >= min_version:

@@ -37,7 +37,16 @@ def test_app_in_sync_mode_equals_the_serial_recipe_and_repeats(write_grpo_config
     config = write_grpo_config()
     main(["--config", str(config), *SYNC])
     first = _losses(tmp_path / "run" / "metrics.jsonl")
-    main(["--config", str(config), *SYNC, f"output_dir={tmp_path / 'again'}"])
+    again_dir = tmp_path / "again"
+    main(
+        [
+            "--config",
+            str(config),
+            *SYNC,
+            f"output_dir={again_dir}",
+            f"metrics.jsonl_path={again_dir}/metrics.jsonl",
+        ]
+    )
     again = _losses(tmp_path / "again" / "metrics.jsonl")
     assert len(first) == 3 and again == first
 

@@ -155,12 +155,15 @@ class IpcReceiver:
     """Generator side: opens published slots (once each) and copies a version into buffers."""
 
     def __init__(self) -> None:
-        self._opened: dict[bytes, torch.Tensor] = {}
+        self._opened: dict[tuple[bytes, int], torch.Tensor] = {}
 
     def _open(self, handle: IpcHandle) -> torch.Tensor:
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-        key = handle.rebuild_args[7]  # the storage's cudaIpcMemHandle bytes
+        # The allocation's cudaIpcMemHandle and the storage's offset in it: small slots can
+        # share one cudaMalloc segment (PyTorch's caching allocator), so the handle alone is
+        # not enough to tell them apart.
+        key = (handle.rebuild_args[7], handle.rebuild_args[9])
         if key not in self._opened:
             args = list(handle.rebuild_args)
             args[6] = _local_index(handle.device_uuid)  # the device index as this process sees it

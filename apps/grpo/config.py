@@ -16,6 +16,7 @@ from forge.data.prompts import PromptDataConfig
 from forge.data.rewards import RewardFnName
 from forge.engines.titan.config import TitanEngineConfig
 from forge.observability import MetricsConfig
+from forge.runs.checkpoint import CheckpointConfig
 
 
 class TrainerSection(ForgeConfigModel):
@@ -25,6 +26,8 @@ class TrainerSection(ForgeConfigModel):
     hosts: int = Field(1, ge=1)
     engine: TitanEngineConfig
     loss: LossConfig = LossConfig()
+    # Updates with a non-finite loss or gradient norm are skipped; this many in a row stop the run.
+    max_skipped_updates: int = Field(5, ge=1)
 
 
 class RolloutConfig(ForgeConfigModel):
@@ -59,6 +62,9 @@ class GRPOConfig(ForgeConfigModel):
     seed: int = 0
     max_steps: int = 100
     output_dir: str = "outputs/grpo"
+    # Continue from the newest checkpoint in output_dir/checkpoints (see `checkpoint`).
+    resume: bool = False
+    checkpoint: CheckpointConfig = CheckpointConfig()
     policy_path: str
     warm_start: WarmStartConfig = WarmStartConfig()
     dataset: PromptDataConfig = PromptDataConfig()
@@ -88,6 +94,13 @@ class GRPOConfig(ForgeConfigModel):
                 f"trainer.loss.params.temperature ({loss_temperature}) must equal "
                 f"generator.sampling.temperature ({self.generator.sampling.temperature}): the loss "
                 "recomputes the generator's logprobs and they must describe the same distribution"
+            )
+        sampling = self.generator.sampling
+        if sampling.top_p < 1 or sampling.top_k > 0:
+            raise ValueError(
+                f"generator.sampling.top_p ({sampling.top_p}) < 1 or top_k ({sampling.top_k}) > 0 filters "
+                "the sampling distribution, but the trainer recomputes unfiltered logprobs, which biases the "
+                "importance ratio below 1: train with top_p 1.0 and top_k 0"
             )
         if self.trainer.hosts > len(self.provisioner.hosts or [None]):
             raise ValueError(

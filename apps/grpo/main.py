@@ -17,12 +17,14 @@ the training loop waits for nothing but a batch.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -37,11 +39,14 @@ from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
 from forge.config import parse_args, save_config
 from forge.controller import get_provisioner, init_provisioner, shutdown, supervision
-from forge.data.prompts import load_prompt_rows
 from forge.data.rewards import get_reward_fn
-from forge.engines.generation import check_model_dir
 from forge.observability import Reduce, get_metric_logger, record_metric
-from forge.rollout import greedy_accuracy, rollout_step
+from forge.rollout import RolloutCounts, greedy_accuracy, rollout_step, wait_for_room
+from forge.runs import RunStopped
+from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpointer
+from forge.runs.checks import check_run_inputs
+from forge.runs.faults import wait_for_loops
+from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
 from forge.staleness import StalenessBound
 from forge.weight_sync import resolve_transport
 
@@ -62,10 +67,8 @@ def ensure_warm_start(cfg: GRPOConfig) -> None:
     subprocess.run(command, check=True)
 
 
-def check_inputs(cfg: GRPOConfig) -> None:
-    """Fails before any process starts on what would otherwise fail deep inside an actor."""
-    check_model_dir(cfg.policy_path, "policy_path")
-    load_prompt_rows(cfg.dataset)  # raises on a missing column or an empty prompt set
+def checkpointer(cfg: GRPOConfig) -> RunCheckpointer:
+    return RunCheckpointer(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep)
 
 
 def progress_line(step: int, row: dict, accuracy: float | None, step_s: float) -> str:
@@ -105,11 +108,13 @@ async def _train(cfg: GRPOConfig) -> dict:
     pad_id = AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
     transport = resolve_transport(cfg.generator.weight_transport, one_host=not cfg.provisioner.hosts)
     gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
+    generators = Generator.options(with_gpus=gpus, num_replicas=cfg.generator.replicas)
+    generator_cfg = cfg.generator.model_copy(update={"weight_transport": transport})
     dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
-        Generator.options(with_gpus=gpus).as_actor(
-            cfg.generator.model_copy(update={"weight_transport": transport})
-        ),
+        generators.as_service(generator_cfg)
+        if cfg.generator.replicas > 1
+        else generators.as_actor(generator_cfg),
         TitanTrainer.options(
             procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group="trainer"
         ).as_actor(
@@ -136,45 +141,63 @@ async def _train(cfg: GRPOConfig) -> dict:
     stop = asyncio.Event()
     bound = StalenessBound(cfg.replay_buffer.max_policy_age, cfg.replay_buffer.batch_size)
     rollout_episodes = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    counts, skips = RolloutCounts(), SkippedUpdates(cfg.trainer.max_skipped_updates)
+    checkpoints, actors = checkpointer(cfg), RunActors(trainer, replay_buffer, dataset, generator)
+    pause = RolloutPause()
 
     async def continuous_rollouts() -> None:
         """Waits for the staleness bound to allow a rollout, then makes one into the buffer."""
         while not stop.is_set():
+            await wait_for_room(replay_buffer, counts)
             min_version = await bound.start_rollout(rollout_episodes)
             added: list[int] = []
             try:
-                added = await rollout_step(
-                    dataset=dataset,
-                    generator=generator,
-                    reward=reward,
-                    advantages=advantages,
-                    reference=reference,
-                    replay_buffer=replay_buffer,
-                    prompts_per_step=cfg.rollout.prompts_per_step,
-                    group_size=cfg.rollout.group_size,
-                    skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
-                    min_version=min_version,
-                )
+                async with pause.rollout():  # a checkpoint holds new rollouts (see RolloutPause)
+                    added = await rollout_step(
+                        dataset=dataset,
+                        generator=generator,
+                        reward=reward,
+                        advantages=advantages,
+                        reference=reference,
+                        replay_buffer=replay_buffer,
+                        prompts_per_step=cfg.rollout.prompts_per_step,
+                        group_size=cfg.rollout.group_size,
+                        skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
+                        min_version=min_version,
+                        counts=counts,
+                    )
             finally:
                 await bound.finish_rollout(rollout_episodes, added)
+
+    async def next_batch(version: int):
+        await bound.wait_for_batch()
+        # The bound mirrors the buffer, so the first sample normally has a batch.
+        while (batch := await replay_buffer.sample.call_one(version)) is None:
+            await asyncio.sleep(0.05)
+        return batch
+
+    explain_starvation = functools.partial(
+        starvation_report, counts, replay_buffer, reward, cfg.replay_buffer
+    )
 
     async def evaluate(version: int) -> float:
         return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens, version)
 
-    async def continuous_training() -> dict:
+    async def continuous_training(progress: Progress) -> dict:
         """Waits only for a batch; publishing the new weights overlaps the next step."""
-        accuracy = await evaluate(0)
-        history = {"eval_accuracy": [(0, accuracy)]}
-        print(f"step    0 | eval acc {accuracy:.3f} (initial policy)", flush=True)
-        version = 0
-        for step in range(1, cfg.max_steps + 1):
+        history = progress.history
+        if progress.step == 0:
+            accuracy = await evaluate(0)
+            history["eval_accuracy"].append((0, accuracy))
+            print(f"step    0 | eval acc {accuracy:.3f} (initial policy)", flush=True)
+        version = progress.version
+        for step in range(progress.step + 1, cfg.max_steps + 1):
             started = time.perf_counter()
-            await bound.wait_for_batch()
-            # The bound mirrors the buffer, so the first sample normally has a batch.
-            while (batch := await replay_buffer.sample.call_one(version)) is None:
-                await asyncio.sleep(0.05)
+            batch = await wait_for_batch(
+                next_batch(version), cfg.replay_buffer.starve_timeout_s, explain_starvation
+            )
             record_metric("grpo/wait_batch_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
-            await trainer.train_step.call(batch)
+            skips.observe(step, next(iter((await trainer.train_step.call(batch)).values())))
             version += 1
             sync_started = time.perf_counter()
             await trainer.push_weights.call(version)
@@ -190,16 +213,26 @@ async def _train(cfg: GRPOConfig) -> dict:
             record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
             row = await metric_logger.flush(step)
             print(progress_line(step, row, accuracy, time.perf_counter() - started), flush=True)
+            every, last = cfg.checkpoint.every, step == cfg.max_steps
+            if every and (step % every == 0 or last):
+                async with pause.paused():
+                    await checkpoints.save(Progress(step, version, history), actors)
+            if last or (cfg.checkpoint.export_every and step % cfg.checkpoint.export_every == 0):
+                await trainer.export_hf.call(str(Path(cfg.output_dir, "export").resolve()), cfg.policy_path)
         await trainer.wait_published.call()
         return history
 
+    progress = Progress()
+    if cfg.resume:
+        progress = await checkpoints.resume(actors, trainer.push_weights.call, cfg.metrics.jsonl_path)
+        bound.restore(progress.version, progress.buffered_versions)
+        print(
+            f"resume: continuing after step {progress.step}" if progress.step else "resume: no checkpoint yet"
+        )
     rollouts = [asyncio.create_task(continuous_rollouts()) for _ in range(cfg.rollout.threads)]
-    training = asyncio.create_task(continuous_training())
+    training = asyncio.create_task(continuous_training(progress))
     try:
-        done, _ = await asyncio.wait([training, *rollouts], return_when=asyncio.FIRST_COMPLETED)
-        if training not in done:  # a rollout loop died: surface its error
-            next(iter(done)).result()
-        history = training.result()
+        history = await wait_for_loops(training, rollouts)
     finally:
         # Also on Ctrl-C (asyncio cancels this coroutine): stop both loops before the actors.
         stop.set()
@@ -211,12 +244,21 @@ async def _train(cfg: GRPOConfig) -> dict:
     return history
 
 
+def stopped(cfg: GRPOConfig, reason: str) -> NoReturn:
+    """Exit 1 for a run that stopped on a failure, saying where it can be resumed from."""
+    latest = checkpointer(cfg).latest()
+    where = f"newest checkpoint: {latest} (continue with resume=true)" if latest else "no checkpoint yet"
+    print(f"error: {reason}\n{where}", file=sys.stderr)
+    raise SystemExit(1)
+
+
 def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_args(GRPOConfig, argv, description="GRPO training with forge")
     ensure_warm_start(cfg)
     try:
-        check_inputs(cfg)
+        check_run_inputs(cfg)
+        checkpointer(cfg).check_start(cfg.resume)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -226,9 +268,10 @@ def main(argv: list[str] | None = None) -> dict:
     except KeyboardInterrupt:
         print("interrupted: actors stopped", file=sys.stderr)
         raise SystemExit(130) from None
+    except RunStopped as e:
+        stopped(cfg, str(e))
     except supervision.FAILURES as e:
-        print(f"error: {supervision.explain(e)}", file=sys.stderr)
-        raise SystemExit(1) from None
+        stopped(cfg, supervision.explain(e))
     (first_step, first), (last_step, last) = history["eval_accuracy"][0], history["eval_accuracy"][-1]
     print(
         f"done in {time.perf_counter() - started:.0f} s: eval accuracy {first:.3f} (step {first_step}) "

@@ -29,9 +29,9 @@ from forge.data.rewards import get_reward_fn
 from forge.data.sft import build_sft_loader
 from forge.data.sft_loader import SFTDataLoader
 from forge.observability import MetricsConfig, Reduce, get_metric_logger, record_metric
+from forge.observability.backends import drop_metrics_after
 from forge.recipes.sft import (
     PreparedData,
-    drop_metrics_after,
     evaluate_loss,
     greedy_exact_match,
     prepare_data,

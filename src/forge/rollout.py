@@ -6,10 +6,14 @@ call goes to an actor handle (`call_one`) or a service endpoint (`route`).
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
+from dataclasses import dataclass
 
 import torch
 
+from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError
 from forge.data.types import Completion, Episode
 from forge.observability import Reduce, record_metric
 from forge.rl.advantage import has_signal
@@ -47,6 +51,29 @@ async def add_reference_logprobs(episodes: list[Episode], reference) -> None:
         episode.ref_logprobs = row
 
 
+@dataclass
+class RolloutCounts:
+    """What the rollout loops did since the start, for messages that explain a run's state."""
+
+    groups: int = 0
+    groups_skipped: int = 0  # no signal: every reward of the group was equal
+    groups_failed: int = 0  # lost with a generator replica that died
+    waits_for_room: int = 0  # times a loop waited on a full buffer
+
+
+async def wait_for_room(replay_buffer, counts: RolloutCounts | None = None, poll_s: float = 0.05) -> None:
+    """Waits while the buffer is full (backpressure), counting the wait in `rollout/wait_for_room_s`."""
+    started = time.perf_counter()
+    waited = False
+    while not await _call(replay_buffer.has_room)():
+        waited = True
+        await asyncio.sleep(poll_s)
+    if waited:
+        record_metric("rollout/wait_for_room_s", time.perf_counter() - started, Reduce.SUM)
+        if counts is not None:
+            counts.waits_for_room += 1
+
+
 async def rollout_step(
     *,
     dataset,
@@ -59,24 +86,37 @@ async def rollout_step(
     group_size: int,
     skip_groups_without_signal: bool,
     min_version: int = 0,
+    counts: RolloutCounts | None = None,
 ) -> list[int]:
     """Samples prompts, generates a group per prompt with a policy of at least `min_version`,
     scores it and adds it to the buffer.
 
     Returns the policy versions of the episodes added. A group whose rewards are all equal has zero
     advantage everywhere: with `skip_groups_without_signal` it is not added (DAPO's dynamic
-    sampling), and counted in `rollout/groups_skipped`.
+    sampling), and counted in `rollout/groups_skipped`. The caller waits for room in the buffer
+    first (`wait_for_room`).
+    Groups lost with a generator replica that died (after the service's retry) are counted
+    in `rollout/groups_failed`.
     """
+    counts = counts if counts is not None else RolloutCounts()
     rows = await _call(dataset.sample_batch)(prompts_per_step)
-    groups = await _call(generator.generate_batch)(
-        [r["prompt"] for r in rows], [r["index"] for r in rows], min_version, n=group_size
-    )
+    try:
+        groups = await _call(generator.generate_batch)(
+            [r["prompt"] for r in rows], [r["index"] for r in rows], min_version, n=group_size
+        )
+    except (ReplicaFailedError, NoHealthyReplicaError):  # the service is replacing the replica
+        counts.groups_failed += len(rows)
+        record_metric("rollout/groups_failed", len(rows), Reduce.SUM)
+        await asyncio.sleep(0.5)
+        return []
     scored = await score_groups(rows, groups, reward, advantages)
     kept = [
         g for g in scored if not skip_groups_without_signal or has_signal(torch.tensor([e.reward for e in g]))
     ]
     record_metric("rollout/groups_skipped", len(scored) - len(kept), Reduce.SUM)
     record_metric("rollout/groups", len(scored), Reduce.SUM)
+    counts.groups += len(scored)
+    counts.groups_skipped += len(scored) - len(kept)
     episodes = [e for g in kept for e in g]
     for e in (e for g in scored for e in g):
         record_metric("rollout/response_len", e.response_len, Reduce.MEAN)

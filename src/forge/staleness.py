@@ -59,6 +59,12 @@ class StalenessBound:
                     self._buffered[version] += 1
             self._changed.notify_all()
 
+    def restore(self, version: int, buffered_versions: Iterable[int]) -> None:
+        """Mirrors a buffer restored from a checkpoint: the trainer at `version`, holding
+        episodes of these policy versions (no rollout in flight)."""
+        self.version = version
+        self._buffered = Counter(v for v in buffered_versions if version - v <= self.max_policy_age)
+
     async def wait_for_batch(self) -> None:
         async with self._changed:
             await self._changed.wait_for(lambda: self.buffered() >= self.batch_size)

@@ -98,11 +98,21 @@ def test_state_dict_round_trip_gives_the_same_samples():
         assert [e.advantage for e in a[0]] == [e.advantage for e in b[0]]
 
 
-def test_full_buffer_refuses_instead_of_dropping():
-    buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=1, max_size=1))
+def test_a_full_buffer_asks_rollouts_to_wait_and_keeps_every_episode():
+    buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=2, max_size=2, max_policy_age=5))
     buffer.add(episode(0))
-    with pytest.raises(RuntimeError, match="replay buffer is full"):
-        buffer.add(episode(0))
+    assert buffer.has_room()
+    buffer.add(episode(0))
+    assert not buffer.has_room()
+    buffer.add(episode(0))  # a rollout that started while there was room still lands
+    assert len(buffer) == 3 and buffer.counts["added"] == 3
+    buffer.sample(0)
+    assert buffer.has_room() and buffer.counts["sampled"] == 2
+
+
+def test_max_size_must_hold_a_batch():
+    with pytest.raises(ValueError, match=r"max_size \(2\) must be at least replay_buffer.batch_size \(4\)"):
+        ReplayBufferConfig(batch_size=4, max_size=2)
 
 
 def test_batch_size_must_split_across_ranks():

@@ -1,5 +1,8 @@
 """Reward functions on correct, wrong and malformed responses; the registry."""
 
+import math
+import time
+
 import pytest
 
 from forge.data.rewards import (
@@ -51,6 +54,16 @@ def test_exact_match(response, target, expected):
 )
 def test_math_answer(response, target, expected):
     assert math_answer("p", response, target) == expected
+
+
+def test_math_answer_refuses_numbers_too_large_to_parse_cheaply():
+    # Refused before Fraction builds 10**100000000 (how long that takes: bench/math_answer_bench.py).
+    assert parse_number("1e100000000") is None and parse_number("9" * 5000) is None
+    assert math_answer("p", "\\boxed{1e100000000}", "1") == 0.0
+    assert math_answer("p", "<answer>1e100000000</answer>", "1e100000000") == 1.0  # equal as text
+    assert parse_number("1e3") == 1000 and parse_number("1e1001") is None
+    # Tolerance compared exactly: no float conversion to overflow.
+    assert math_answer("p", "<answer>2.5e999</answer>", "25e998") == 1.0
 
 
 def test_parse_number():
@@ -110,7 +123,7 @@ def _raises_on_odd(prompt: str, response: str, target: str) -> float:
 
 
 def test_scorer_gives_error_reward_counts_and_goes_on():
-    from forge.data.rewards import RewardScorer
+    from forge.data.reward_scoring import RewardScorer
     from forge.observability.collector import pop_state
 
     pop_state()
@@ -132,3 +145,46 @@ def test_import_path_errors_name_the_path():
         get_reward_fn("no_such_module:fn")
     with pytest.raises(ValueError, match="'math:pi' is a float, not a callable"):
         get_reward_fn("math:pi")
+
+
+def _sleeps_on_target_7(prompt: str, response: str, target: str) -> float:
+    if target == "7":
+        time.sleep(3600)
+    return 1.0
+
+
+def _non_finite(prompt: str, response: str, target: str) -> float:
+    return {"inf": math.inf, "nan": math.nan}.get(response, 1.0)
+
+
+def test_scorer_times_out_a_hung_call_restarts_its_worker_and_goes_on():
+    from forge.data.reward_scoring import RewardScorer
+    from forge.observability.collector import pop_state
+
+    pop_state()
+    name = f"{__name__}:_sleeps_on_target_7"
+    scorer = RewardScorer([(name, 1.0), ("toy_task", 1.0)], error_reward=-1.0, timeout_s=0.5)
+    try:
+        scores = scorer.score_many([("3+4=", "7", "7"), ("1+1=", "2", "2"), ("3+4=", "7", "7")])
+        assert [total for total, _ in scores] == [-1.0 + 1.0, 1.0 + 1.0, -1.0 + 1.0]
+        assert scores[1][1] == {name: 1.0, "toy_task": 1.0}
+        assert scorer._worker.restarts == 2  # once per hung call; the calls after each went on
+        assert scorer.counts == {"errors": 0, "timeouts": 2}
+        assert pop_state()[f"reward/{name}/timeouts"].value() == 2
+    finally:
+        scorer.close()
+
+
+def test_scorer_treats_non_finite_rewards_as_errors():
+    from forge.data.reward_scoring import RewardScorer
+    from forge.observability.collector import pop_state
+
+    pop_state()
+    name = f"{__name__}:_non_finite"
+    scorer = RewardScorer([(name, 1.0)], error_reward=0.0)
+    assert [s for s, _ in scorer.score_many([("p", "inf", "t"), ("p", "nan", "t"), ("p", "x", "t")])] == [
+        0.0,
+        0.0,
+        1.0,
+    ]
+    assert pop_state()[f"reward/{name}/errors"].value() == 2

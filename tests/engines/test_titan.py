@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from pydantic import ValidationError
-from titan_testing import lm_batch, masked_ce
+from titan_testing import LossOutput, lm_batch, masked_ce
 from transformers import AutoModelForCausalLM
 
 from forge.data.tokenizer import build_char_tokenizer
@@ -55,6 +55,27 @@ def test_training_lowers_the_loss_on_a_fixed_batch():
     assert last["train/tokens"] == batch.tokens.numel()
     assert last["train/lr"] == pytest.approx(1e-3)
     assert last["train/grad_norm"] > 0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_loss_skips_the_update_and_says_so(bad):
+    engine = TitanEngine(make_config())
+    batch = make_batch()
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+
+    def poisoned(logits, batch):
+        out = masked_ce(logits, batch)
+        return LossOutput(out.loss * bad, out.metrics)
+
+    metrics = engine.train_step(batch, poisoned)
+    assert metrics["train/skipped"] == 1.0 and engine.step == 1
+    for name, value in engine.model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    # The next good step trains from clean gradients.
+    good = engine.train_step(batch, masked_ce)
+    assert good["train/skipped"] == 0.0 and torch.isfinite(torch.tensor(good["train/grad_norm"]))
+    assert all(torch.isfinite(p).all() for p in engine.model.parameters())
+    assert any(not torch.equal(v, before[k]) for k, v in engine.model.state_dict().items())
 
 
 def test_gradient_accumulation_matches_the_whole_batch():

@@ -78,3 +78,32 @@ def test_bad_vllm_settings(write_grpo_config, capsys):
     assert "gpu_memory_utilisation" in err and "gpu_memory_utilization" in err
     err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), "generator.engine=vllmm"])
     assert "generator.engine" in err
+
+
+def test_prompts_too_long_for_the_trainer(write_grpo_config, capsys):
+    # The toy prompts are about 7 tokens: 8 - 4 + 1 leaves room for 5.
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "trainer.engine.training.seq_len=8"]
+    )
+    assert "training prompts are longer than 5 tokens" in err and "trainer.engine.training.seq_len 8" in err
+
+
+def test_eval_every_with_an_empty_eval_set(write_grpo_config, capsys):
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "dataset.toy_task.num_eval=0", "eval.every=2"]
+    )
+    assert "eval.every is 2 but the eval set is empty" in err
+
+
+@pytest.mark.parametrize("override", ["generator.sampling.top_p=0.9", "generator.sampling.top_k=5"])
+def test_filtered_sampling_in_training(write_grpo_config, capsys, override):
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), override])
+    assert "biases the importance ratio" in err and "top_p 1.0 and top_k 0" in err
+
+
+def test_existing_checkpoints_need_resume(write_grpo_config, tmp_path, capsys):
+    complete = tmp_path / "run" / "checkpoints" / "step_00000004"
+    complete.mkdir(parents=True)
+    (complete / "run_state.pt").write_bytes(b"")
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config())])
+    assert "already holds checkpoints (newest: step_00000004): pass resume=true" in err

@@ -61,6 +61,9 @@ def test_parity_after_sync_and_off_policy_ratios(tiny_policy):
             # After a sync the generator samples from exactly the trainer's distribution.
             await trainer.push_weights.call_one(2)
             await generator.update_weights.call_one(2)
+            # A generator that starts now (a replaced replica) loads the newest weights first.
+            late = await Generator.as_actor(GeneratorConfig(model_path=str(tiny_policy)))
+            assert await late.get_version.call_one() == 2
             fresh = episodes_from(await generator.generate_batch.call_one(PROMPTS, n=4))
             assert {e.policy_version for e in fresh} == {2}
             single = await generator.generate.call_one(PROMPTS[0], n=3, max_tokens=2)

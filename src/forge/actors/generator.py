@@ -30,7 +30,7 @@ import time
 from typing import Any, Literal
 
 from monarch.actor import concurrent_endpoint, endpoint
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
@@ -53,6 +53,9 @@ class GeneratorConfig(ForgeConfigModel):
     dtype: Literal["float32", "bfloat16"] = "float32"
     vllm: VLLMConfig = VLLMConfig()
     sampling: SamplingParams = SamplingParams()
+    # More than 1 runs the generators as a service: a replica that dies is replaced, and the
+    # replacement loads the newest published weights before it serves.
+    replicas: int = Field(1, ge=1)
     # How new weights reach this generator (forge.weight_sync): auto is cuda_ipc when the run
     # has GPUs (trainer and generator on one host), store otherwise.
     weight_transport: Literal["auto", "store", "cuda_ipc"] = "auto"
@@ -115,6 +118,8 @@ class Generator(ForgeActor):
         self._weights = None  # receive buffers, allocated on the first update
         self._puller = WeightPuller(build_transport(self.cfg.weight_transport))
         self._loading = asyncio.Lock()
+        # A replica that replaces a dead one starts from the policy being trained, not model_path.
+        await self._pick_up_newest(0)
 
     @concurrent_endpoint
     async def generate(self, prompt: str, min_version: int = 0, **sampling: Any) -> list[Completion]:

@@ -33,6 +33,16 @@ class ReplayBuffer(ForgeActor):
         return [PolicyBatch.from_episodes(episodes, self.pad_id) for episodes in per_rank]
 
     @endpoint
+    async def has_room(self) -> bool:
+        """False while full: rollout loops wait on it (backpressure)."""
+        return self.buffer.has_room()
+
+    @endpoint
+    async def counts(self) -> dict[str, int]:
+        """Episodes added, evicted as stale and sampled since the start, and held now."""
+        return {**self.buffer.counts, "held": len(self.buffer)}
+
+    @endpoint
     async def state_dict(self) -> dict:
         return self.buffer.state_dict()
 

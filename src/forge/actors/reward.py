@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from monarch.actor import endpoint
+from pydantic import Field
 
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
-from forge.data.rewards import RewardFnName, RewardScorer
+from forge.data.reward_scoring import RewardScorer
+from forge.data.rewards import RewardFnName
 
 
 class RewardFnConfig(ForgeConfigModel):
@@ -17,13 +19,19 @@ class RewardFnConfig(ForgeConfigModel):
 
 class RewardConfig(ForgeConfigModel):
     functions: list[RewardFnConfig] = [RewardFnConfig(name="toy_task")]
-    # What a response scores from a reward function that raises (the run goes on).
+    # What a response scores from a reward function that raises, returns inf/nan or times out
+    # (the run goes on; each is counted in reward/<name>/errors or reward/<name>/timeouts).
     error_reward: float = 0.0
+    # Longest a reward function may take on one response; the functions then run in a worker
+    # process that is killed and restarted when a call hangs. None: in-process, no limit.
+    timeout_s: float | None = Field(5.0, gt=0)
 
 
 class RewardActor(ForgeActor):
     def __init__(self, cfg: RewardConfig):
-        self.scorer = RewardScorer([(f.name, f.weight) for f in cfg.functions], cfg.error_reward)
+        self.scorer = RewardScorer(
+            [(f.name, f.weight) for f in cfg.functions], cfg.error_reward, cfg.timeout_s
+        )
 
     @endpoint
     async def evaluate_response(
@@ -37,7 +45,11 @@ class RewardActor(ForgeActor):
         self, prompts: list[str], responses: list[list[str]], targets: list[str]
     ) -> list[list[tuple[float, dict[str, float]]]]:
         """`evaluate_response` for every response of several groups, in one call."""
-        return [
-            [self.scorer.score(p, r, t) for r in group]
-            for p, group, t in zip(prompts, responses, targets, strict=True)
-        ]
+        items = [(p, r, t) for p, group, t in zip(prompts, responses, targets, strict=True) for r in group]
+        scores = iter(self.scorer.score_many(items))
+        return [[next(scores) for _ in group] for group in responses]
+
+    @endpoint
+    async def counts(self) -> dict[str, int]:
+        """Responses that scored `error_reward` since the start: {"errors": n, "timeouts": n}."""
+        return dict(self.scorer.counts)

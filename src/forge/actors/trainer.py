@@ -119,6 +119,17 @@ class TitanTrainer(ForgeActor):
         return self.engine.load(step)
 
     @endpoint
+    async def save_to(self, directory: str) -> str:
+        """Model, optimizer, LR schedule and step into `directory` (DCP; every rank writes)."""
+        return str(self.engine.save_to(directory))
+
+    @endpoint
+    async def load_from(self, directory: str) -> int:
+        """Restores what `save_to` wrote; returns the restored step."""
+        self.engine.load_from(directory)
+        return self.engine.step
+
+    @endpoint
     async def latest_checkpoint(self) -> int | None:
         return self.engine.latest_step()
 

@@ -11,10 +11,12 @@ launching is the class's job:
 from __future__ import annotations
 
 import itertools
+import random
 from typing import Any
 
 from monarch.actor import Actor, endpoint
 
+from forge.controller import supervision
 from forge.controller.provisioner import get_provisioner
 
 _OPTION_NAMES = ("procs", "hosts", "with_gpus", "gpu_group", "num_replicas", "mesh_name")
@@ -35,6 +37,25 @@ class ForgeActor(Actor):
     @endpoint
     async def setup(self) -> None:
         """Runs once after construction on every rank (load a model, connect to the store...)."""
+
+    @endpoint
+    async def rng_state(self) -> dict[str, Any]:
+        """This process's random generators (torch CPU and CUDA, Python's), for run checkpoints."""
+        import torch
+
+        state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    @endpoint
+    async def load_rng_state(self, state: dict[str, Any]) -> None:
+        import torch
+
+        random.setstate(state["python"])
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
 
     @classmethod
     def options(cls, **options: Any) -> type[ForgeActor]:
@@ -69,6 +90,7 @@ class ForgeActor(Actor):
     @classmethod
     async def launch(cls, name: str, *args: Any, **kwargs: Any):
         """Spawns one actor mesh named `name` and runs its `setup`. Returns (mesh, actor)."""
+        supervision.remember_name(name)
         provisioner = await get_provisioner()
         mesh = await provisioner.get_proc_mesh(name=name, **cls._placement())
         try:

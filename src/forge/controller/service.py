@@ -209,9 +209,15 @@ class Service:
             return await self._call(self._choose(), endpoint_name, args, kwargs)
 
     async def _fanout(self, endpoint_name: str, args: tuple, kwargs: dict) -> list[Any]:
-        return list(
-            await asyncio.gather(*(self._call(r, endpoint_name, args, kwargs) for r in self._healthy()))
+        results = await asyncio.gather(
+            *(self._call(r, endpoint_name, args, kwargs) for r in self._healthy()), return_exceptions=True
         )
+        # A replica that died during the call is no longer one of "every healthy replica": its
+        # replacement starts afresh (setup runs again). Any other error is the caller's.
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, ReplicaFailedError):
+                raise result
+        return [r for r in results if not isinstance(r, ReplicaFailedError)]
 
     async def _call(self, replica: Replica, endpoint_name: str, args: tuple, kwargs: dict) -> Any:
         endpoint = getattr(replica.actor, endpoint_name)

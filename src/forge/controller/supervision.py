@@ -4,7 +4,8 @@ When a process of a child mesh dies, Monarch reports a `MeshFailure` for each ac
 mesh on it to the root client, whose default reaction is to exit the whole program.
 That is right for a lone actor (the app cannot go on without its trainer), but a service
 replica can be replaced, so services register the names of their replicas' actor meshes
-here and get told instead.
+here and get told instead. An app that wants to stop on its own terms (naming the actor,
+saying where to resume from) sets `on_unrecoverable`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ _companion_meshes = {"logger", "setup"}
 _handlers: dict[str, Callable[[str], None]] = {}
 # Where a mesh runs, for failure messages (set for meshes on worker hosts).
 _descriptions: dict[str, str] = {}
+# Called instead of exiting when a mesh nothing can replace fails (see `on_unrecoverable`).
+_unrecoverable: Callable[[str, str], None] | None = None
+# Lower-cased mesh name -> the name it was launched with, for messages.
+_launched_names: dict[str, str] = {}
 _lock = threading.Lock()
 _installed = False
 
@@ -81,6 +86,27 @@ def explain(error: BaseException) -> str:
     return f"actor {describe_failure(match.group(1))} failed: {reason}"
 
 
+def remember_name(actor_name: str) -> None:
+    """Records the spelling of a mesh name, which Monarch's reports lower-case."""
+    with _lock:
+        _launched_names[actor_name.lower()] = actor_name
+
+
+def launched_name(mesh_name: str) -> str:
+    """The name a mesh was launched with (e.g. ``TitanTrainer_3``), from Monarch's report name."""
+    base = _base_name(mesh_name)
+    return _launched_names.get(base, base)
+
+
+def on_unrecoverable(handler: Callable[[str, str], None] | None) -> None:
+    """Calls `handler(actor name, report)` (from a Monarch thread) when a mesh that no service
+    can replace fails, instead of stopping the program; None restores the default."""
+    global _unrecoverable
+    install_fault_hook()
+    with _lock:
+        _unrecoverable = handler
+
+
 def unregister(actor_name: str) -> None:
     with _lock:
         _handlers.pop(actor_name.lower(), None)
@@ -96,6 +122,11 @@ def _fault_hook(failure) -> None:
         return
     if name in _companion_meshes:
         logger.debug("ignoring failure of companion mesh %s", failure.mesh_name)
+        return
+    with _lock:
+        unrecoverable = _unrecoverable
+    if unrecoverable is not None:
+        unrecoverable(launched_name(failure.mesh_name), failure.report())
         return
     # An actor nobody can replace: keep Monarch's default, which stops the program.
     logger.error(

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 
+from pydantic import Field, model_validator
+
 from forge.config import ForgeConfigModel
 from forge.data.types import Episode
 from forge.observability import Reduce, record_metric
@@ -20,9 +22,20 @@ class ReplayBufferConfig(ForgeConfigModel):
     batch_size: int = 32
     max_policy_age: int = 1
     dp_size: int = 1
-    # Beyond this many episodes `add` refuses new ones (the rollouts outrun training).
-    max_size: int = 100_000
+    # While the buffer holds this many episodes the rollout loops wait (they outrun training).
+    max_size: int = Field(100_000, ge=1)
     seed: int = 0
+    # The training loop stops, explaining why, when no batch comes for this long.
+    starve_timeout_s: float = Field(600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _room_for_a_batch(self) -> ReplayBufferConfig:
+        if self.max_size < self.batch_size:
+            raise ValueError(
+                f"replay_buffer.max_size ({self.max_size}) must be at least replay_buffer.batch_size "
+                f"({self.batch_size}): the rollouts would wait for a batch that can never fill"
+            )
+        return self
 
 
 class EpisodeBuffer:
@@ -34,17 +47,22 @@ class EpisodeBuffer:
         self.cfg = cfg
         self._episodes: list[Episode] = []
         self._rng = random.Random(cfg.seed)
+        # Since the start (checkpointed with the episodes), for messages that explain a run.
+        self.counts = {"added": 0, "evicted_stale": 0, "sampled": 0}
 
     def __len__(self) -> int:
         return len(self._episodes)
 
+    def has_room(self) -> bool:
+        """False while the buffer holds `max_size` episodes or more: rollouts should wait."""
+        return len(self._episodes) < self.cfg.max_size
+
     def add(self, episode: Episode) -> None:
-        if len(self._episodes) >= self.cfg.max_size:
-            raise RuntimeError(
-                f"replay buffer is full ({self.cfg.max_size} episodes): training is not keeping up; "
-                "raise replay_buffer.max_size or lower the number of rollout threads"
-            )
+        # Never refused: a rollout that started while there was room may finish (max_size is
+        # enforced by the rollouts waiting on `has_room`, so it is exceeded by at most one
+        # rollout step per loop).
         self._episodes.append(episode)
+        self.counts["added"] += 1
         record_metric("buffer/added", 1, Reduce.SUM)
 
     def evict(self, curr_policy_version: int) -> int:
@@ -53,6 +71,7 @@ class EpisodeBuffer:
         ]
         evicted = len(self._episodes) - len(fresh)
         self._episodes = fresh
+        self.counts["evicted_stale"] += evicted
         record_metric("buffer/evicted_stale", evicted, Reduce.SUM)
         return evicted
 
@@ -66,17 +85,20 @@ class EpisodeBuffer:
         batch = [ep for i, ep in enumerate(self._episodes) if i in picked]
         self._episodes = [ep for i, ep in enumerate(self._episodes) if i not in picked]
         self._rng.shuffle(batch)
+        self.counts["sampled"] += len(batch)
         for ep in batch:
             age = curr_policy_version - ep.policy_version
             record_metric("buffer/policy_age_mean", age, Reduce.MEAN)
             record_metric("buffer/policy_age_max", age, Reduce.MAX)
+            # The reward of what this step trains on (rollout/reward is of what was generated).
             record_metric("buffer/sampled_reward", ep.reward, Reduce.MEAN)
         per_rank = self.cfg.batch_size // self.cfg.dp_size
         return [batch[r * per_rank : (r + 1) * per_rank] for r in range(self.cfg.dp_size)]
 
     def state_dict(self) -> dict:
-        return {"episodes": list(self._episodes), "rng": self._rng.getstate()}
+        return {"episodes": list(self._episodes), "rng": self._rng.getstate(), "counts": dict(self.counts)}
 
     def load_state_dict(self, state: dict) -> None:
         self._episodes = list(state["episodes"])
         self._rng.setstate(state["rng"])
+        self.counts = dict(state["counts"])

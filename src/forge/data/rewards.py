@@ -12,18 +12,12 @@ Configs name them by their key in ``REWARD_FUNCTIONS``, or by import path
 """
 
 import importlib
-import logging
-import math
 import re
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Annotated
 
 from pydantic import AfterValidator
-
-from forge.observability import Reduce, record_metric
-
-logger = logging.getLogger(__name__)
 
 RewardFn = Callable[[str, str, str], float]
 
@@ -45,6 +39,11 @@ _ANSWER_ONLY_RE = re.compile(rf"\s*<answer>({_NO_TAG}*)</answer>\s*", re.DOTALL)
 _INTEGER_RE = re.compile(r"-?\d+")
 _THOUSANDS_RE = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
 _LATEX_FRAC_RE = re.compile(r"(-?)\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}")
+_EXPONENT_RE = re.compile(r"[eE][+-]?(\d+)")
+# Fraction builds 10**exponent exactly: 1e100000000 would take minutes. No answer a reward
+# compares is that long or that large, so such text is not a number here.
+MAX_NUMBER_CHARS = 100
+MAX_EXPONENT = 1000
 
 
 def extract_tagged_answer(response: str) -> str | None:
@@ -72,7 +71,8 @@ def extract_boxed(text: str) -> str | None:
 
 def parse_number(text: str) -> Fraction | None:
     """Parses integers, decimals, thousands separators (``1,234.5``), ``a/b`` and
-    ``\\frac{a}{b}``, with optional ``$`` delimiters; None when not a number."""
+    ``\\frac{a}{b}``, with optional ``$`` delimiters; None when not a number, or when it is
+    too long or its exponent too large to parse cheaply."""
     text = text.strip().strip("$").replace("\\!", "").replace("\\,", "").replace(" ", "").rstrip(".")
     if _THOUSANDS_RE.fullmatch(text):
         text = text.replace(",", "")
@@ -80,6 +80,8 @@ def parse_number(text: str) -> Fraction | None:
     if latex:
         sign, numerator, denominator = latex.groups()
         text = f"{sign}{numerator}/{denominator}"
+    if len(text) > MAX_NUMBER_CHARS or any(int(e) > MAX_EXPONENT for e in _EXPONENT_RE.findall(text)):
+        return None
     try:
         if text.count("/") == 1:
             numerator, denominator = text.split("/")
@@ -106,7 +108,9 @@ def math_answer(prompt: str, response: str, target: str) -> float:
         return 1.0 if "".join(answer.split()) == "".join(target.split()) else 0.0
     if answer_value.denominator == 1 and target_value.denominator == 1:
         return 1.0 if answer_value == target_value else 0.0
-    return 1.0 if math.isclose(answer_value, target_value, rel_tol=MATH_REL_TOL) else 0.0
+    # math.isclose's rule, in exact arithmetic: a float conversion can overflow.
+    tolerance = Fraction(str(MATH_REL_TOL)) * max(abs(answer_value), abs(target_value))
+    return 1.0 if abs(answer_value - target_value) <= tolerance else 0.0
 
 
 def format_reward(prompt: str, response: str, target: str) -> float:
@@ -158,32 +162,6 @@ def get_reward_fn(name: str) -> RewardFn:
             f"unknown reward function {name!r}; known: {sorted(REWARD_FUNCTIONS)}, "
             "or give your own as 'package.module:function'"
         ) from None
-
-
-class RewardScorer:
-    """Scores responses with weighted reward functions; a function that raises scores
-    ``error_reward`` for that response, is logged and counted in ``reward/<name>/errors``,
-    and the run goes on."""
-
-    def __init__(self, functions: list[tuple[str, float]], error_reward: float = 0.0):
-        self.functions = [(name, weight, get_reward_fn(name)) for name, weight in functions]
-        self.error_reward = error_reward
-
-    def score(self, prompt: str, response: str, target: str) -> tuple[float, dict[str, float]]:
-        """(weighted total, {function name: its value})."""
-        total, breakdown = 0.0, {}
-        for name, weight, fn in self.functions:
-            try:
-                value = float(fn(prompt, response, target))
-            except Exception:
-                logger.exception("reward function '%s' raised on response %r", name, response[:200])
-                record_metric(f"reward/{name}/errors", 1, Reduce.SUM)
-                value = self.error_reward
-            breakdown[name] = value
-            record_metric(f"reward/{name}", value, Reduce.MEAN)
-            total += weight * value
-        record_metric("reward/total", total, Reduce.MEAN)
-        return total, breakdown
 
 
 def _check_reward_fn_name(name: str) -> str:

@@ -75,3 +75,16 @@ class TensorBoardBackend(MetricBackend):
 
     def close(self) -> None:
         self._writer.close()
+
+
+def drop_metrics_after(path: Path, step: int) -> None:
+    """Remove the rows of a metrics JSONL file logged after ``step`` (a run resumed from the
+    checkpoint of ``step`` logs them again). The file is replaced in one rename."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    if len(kept) < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(path)

@@ -5,7 +5,6 @@ Data preparation runs in the controller process, before any actor starts, so tha
 file or column fails in a second with a clear message instead of after a mesh spawned.
 """
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -150,19 +149,6 @@ async def evaluate_loss(trainer, data: SFTData, batch_size: int, ranks: int) -> 
     for key, value in metrics.items():
         record_metric(key, value)
     return metrics
-
-
-def drop_metrics_after(path: Path, step: int) -> None:
-    """Remove the rows of a metrics JSONL file logged after ``step`` (a run resumed from the
-    checkpoint of ``step`` logs them again). The file is replaced in one rename."""
-    if not path.is_file():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if json.loads(line)["step"] <= step]
-    if len(kept) < len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        tmp.replace(path)
 
 
 def greedy_exact_match(

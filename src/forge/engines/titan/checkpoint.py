@@ -89,8 +89,7 @@ class Checkpointer:
             for leftover in self.folder.glob(f"step-*{_TMP_SUFFIX}"):
                 shutil.rmtree(leftover)
         dist.barrier()
-        with _single_process_warning_silenced():
-            dcp.save(states, checkpoint_id=str(tmp_dir), no_dist=_single_process())
+        save_dcp(states, tmp_dir)
         # DCP returns on every rank only after rank 0 wrote .metadata, so the data is complete.
         if dist.get_rank() == 0:
             if final_dir.exists():
@@ -113,8 +112,7 @@ class Checkpointer:
                 f"no complete checkpoint for step {step} in {self.folder}; "
                 f"complete steps: {self.complete_steps()}"
             )
-        with _single_process_warning_silenced():
-            dcp.load(states, checkpoint_id=str(self.step_dir(step)), no_dist=_single_process())
+        load_dcp(states, self.step_dir(step))
         logger.info("loaded checkpoint %s", self.step_dir(step))
         return step
 
@@ -123,6 +121,21 @@ class Checkpointer:
             return
         for step in self.complete_steps()[: -self.keep_latest_k]:
             shutil.rmtree(self.step_dir(step))
+
+
+def save_dcp(states: dict[str, Any], directory: str | os.PathLike) -> None:
+    """Writes ``states`` as a DCP checkpoint into ``directory`` (every rank calls it). Not
+    atomic by itself: the caller writes to a temporary name and renames."""
+    with _single_process_warning_silenced():
+        dcp.save(states, checkpoint_id=str(directory), no_dist=_single_process())
+
+
+def load_dcp(states: dict[str, Any], directory: str | os.PathLike) -> None:
+    """Loads the DCP checkpoint in ``directory`` into ``states`` in place (every rank calls it)."""
+    if not (Path(directory) / ".metadata").is_file():
+        raise FileNotFoundError(f"{directory} holds no complete DCP checkpoint (no .metadata)")
+    with _single_process_warning_silenced():
+        dcp.load(states, checkpoint_id=str(directory), no_dist=_single_process())
 
 
 def _fsync_dir(path: Path) -> None:

@@ -10,6 +10,7 @@ the same order (they contain collectives); each rank passes its own share of the
 
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,7 +29,7 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.protocols.train_spec import get_train_spec
 from torchtitan.tools.utils import set_default_dtype
 
-from forge.engines.titan.checkpoint import Checkpointer, TrainState
+from forge.engines.titan.checkpoint import Checkpointer, TrainState, load_dcp, save_dcp
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.flavors import resolve_model_args
 from forge.engines.titan.hf import (
@@ -160,7 +161,8 @@ class TitanEngine:
         ``batch.tokens`` ``[B, T]`` is the model input. The batch is split into microbatches of
         ``microbatch_size`` rows (default ``training.microbatch_size``, else all of B) whose
         gradients accumulate; ``loss_fn`` sees each microbatch's logits and batch. The gradient is that of the mean of the
-        microbatch losses over all microbatches of all data-parallel ranks.
+        microbatch losses over all microbatches of all data-parallel ranks. A step whose loss or gradient
+        norm is not finite changes no parameter and reports ``train/skipped`` 1.
         """
         self._require_trainable("train_step")
         if batch.tokens is None:
@@ -183,19 +185,32 @@ class TitanEngine:
                 sums[name] = sums.get(name, 0.0) + _detached(value)
         grad_norm = dist_utils.clip_grad_norm_(
             list(self.model.parameters()), self.config.training.max_norm, foreach=True
-        )
-        self.optimizers.step()
+        ).item()
+        means = {name: float(total) / len(microbatches) for name, total in sums.items()}
+        # Averaged before deciding: every rank sees the same values, so all skip or none does.
+        metrics, tokens = self._average_over_data_parallel(means, batch.tokens.numel())
+        # One inf or nan would make every parameter nan at this step: skip its update.
+        skipped = not (math.isfinite(metrics["train/loss"]) and math.isfinite(grad_norm))
+        if skipped:
+            logger.warning(
+                "step %d: loss %s, gradient norm %s: update skipped",
+                self.step + 1,
+                metrics["train/loss"],
+                grad_norm,
+            )
+            self.optimizers.zero_grad()
+        else:
+            self.optimizers.step()
+        # The schedule and the step count follow the data consumed, skipped or not.
         self.lr_schedulers.step()
         self.step += 1
-
-        means = {name: float(total) / len(microbatches) for name, total in sums.items()}
-        metrics, tokens = self._average_over_data_parallel(means, batch.tokens.numel())
         metrics.update(
             {
-                "train/grad_norm": grad_norm.item(),
+                "train/grad_norm": grad_norm,
                 "train/lr": lr,
                 "train/tokens": tokens,
                 "train/step": self.step,
+                "train/skipped": float(skipped),
             }
         )
         return metrics
@@ -258,6 +273,20 @@ class TitanEngine:
         self._require_trainable("load")
         train_state = TrainState()
         self._require_checkpointer().load(self._checkpoint_states(train_state), step)
+        self.step = train_state.step
+        return train_state.extra_state
+
+    def save_to(self, directory: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
+        """Like ``save``, into ``directory`` (a caller that makes a larger checkpoint atomic)."""
+        self._require_trainable("save_to")
+        save_dcp(self._checkpoint_states(TrainState(self.step, extra_state)), directory)
+        return Path(directory)
+
+    def load_from(self, directory: str | Path) -> dict[str, Any]:
+        """Restores what ``save_to`` wrote into ``directory``; returns its ``extra_state``."""
+        self._require_trainable("load_from")
+        train_state = TrainState()
+        load_dcp(self._checkpoint_states(train_state), directory)
         self.step = train_state.step
         return train_state.extra_state
 

@@ -1,0 +1,60 @@
+"""Guards of the training loop: diverging updates and a trainer that gets no data."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from forge.observability import Reduce, record_metric
+from forge.rollout import RolloutCounts
+from forge.runs.errors import RunStopped
+
+
+class SkippedUpdates:
+    """Counts the updates the trainer skipped (non-finite loss or gradient norm) and stops
+    the run after `limit` in a row: the policy is then not learning, only burning time."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.in_a_row = 0
+
+    def observe(self, step: int, metrics: dict[str, float]) -> None:
+        if not metrics.get("train/skipped"):
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        record_metric("grpo/skipped_updates", 1, Reduce.SUM)
+        if self.in_a_row >= self.limit:
+            raise RunStopped(
+                f"step {step}: {self.in_a_row} updates in a row were skipped because the loss or the "
+                f"gradient norm was not finite (last: loss {metrics.get('train/loss')}, gradient norm "
+                f"{metrics.get('train/grad_norm')}). Lower trainer.engine.optimizer.lr, check the rewards "
+                "(reward/*/errors in the metrics), or raise trainer.max_skipped_updates"
+            )
+
+
+async def wait_for_batch(batch: Awaitable, timeout_s: float, explain: Callable[[], Awaitable[str]]):
+    """Awaits `batch`; after `timeout_s` without it, stops the run with `explain()`'s account
+    of where the episodes went."""
+    try:
+        return await asyncio.wait_for(batch, timeout_s)
+    except TimeoutError:
+        raise RunStopped(
+            f"the trainer got no batch for {timeout_s:g} s (replay_buffer.starve_timeout_s). {await explain()}"
+        ) from None
+
+
+async def starvation_report(rollouts: RolloutCounts, replay_buffer, reward, buffer_config) -> str:
+    """Counts since the start that explain a starving trainer (`buffer_config`: a
+    `ReplayBufferConfig`)."""
+    max_policy_age, batch_size = buffer_config.max_policy_age, buffer_config.batch_size
+    buffer = await replay_buffer.counts.call_one()
+    rewards = await reward.counts.call_one()
+    return (
+        f"Since the start: {rollouts.groups} groups generated, {rollouts.groups_skipped} skipped for no "
+        f"signal (all rewards of the group equal; see rollout.skip_groups_without_signal), "
+        f"{rollouts.groups_failed} lost with a failed generator; {buffer['added']} episodes added to the "
+        f"buffer, {buffer['evicted_stale']} evicted as stale (older than replay_buffer.max_policy_age="
+        f"{max_policy_age}), {buffer['sampled']} trained on, {buffer['held']} held (a batch needs "
+        f"{batch_size}); reward errors {rewards['errors']}, reward timeouts {rewards['timeouts']}."
+    )

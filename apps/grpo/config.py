@@ -19,6 +19,9 @@ from forge.observability import MetricsConfig
 
 
 class TrainerSection(ForgeConfigModel):
+    # false: no trainer process; the run only generates, scores and records rollouts for
+    # max_steps batches (rollout-only debugging).
+    enabled: bool = True
     procs: int = 1
     engine: TitanEngineConfig
     loss: LossConfig = LossConfig()
@@ -30,6 +33,9 @@ class RolloutConfig(ForgeConfigModel):
     group_size: int = Field(8, ge=2, description="completions per prompt (the GRPO group)")
     skip_groups_without_signal: bool = True
     advantage: Literal["grpo", "dr_grpo", "rloo", "none"] = "grpo"
+    # Train on the batches of a recorded run (its rollouts.jsonl) with no generator, reward or
+    # reference actor (train-only debugging); see forge.recipes.grpo_replay.
+    replay_from: str | None = None
 
 
 class ReferenceSection(ForgeConfigModel):
@@ -76,6 +82,10 @@ class GRPOConfig(ForgeConfigModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
+        if "rollouts_path" not in self.metrics.model_fields_set:  # `null` switches records off
+            self.metrics.rollouts_path = f"{self.output_dir}/rollouts.jsonl"
+        if self.rollout.replay_from is not None and not self.trainer.enabled:
+            raise ValueError("rollout.replay_from trains on recorded rollouts: it needs trainer.enabled=true")
         loss_temperature = self.trainer.loss.params.get("temperature", 1.0)
         if loss_temperature != self.generator.sampling.temperature:
             raise ValueError(

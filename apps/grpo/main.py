@@ -24,12 +24,15 @@ from forge.actors.reference import ReferenceModel
 from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
-from forge.config import parse_args, save_config
+from forge.config import config_to_dict, parse_args, save_config
 from forge.controller import init_provisioner, shutdown
 from forge.data.prompts import load_prompt_rows
 from forge.data.rewards import get_reward_fn
 from forge.engines.generation import check_model_dir
 from forge.observability import Reduce, get_metric_logger, record_metric
+from forge.observability.progress import Progress
+from forge.observability.rollouts import RolloutRecorder, batches_path
+from forge.recipes.grpo_replay import replay_training
 from forge.rollout import greedy_accuracy, rollout_step
 
 
@@ -52,20 +55,22 @@ def ensure_warm_start(cfg: GRPOConfig) -> None:
 def check_inputs(cfg: GRPOConfig) -> None:
     """Fails before any process starts on what would otherwise fail deep inside an actor."""
     check_model_dir(cfg.policy_path, "policy_path")
-    load_prompt_rows(cfg.dataset)  # raises on a missing column or an empty prompt set
+    if cfg.rollout.replay_from is None:
+        load_prompt_rows(cfg.dataset)  # raises on a missing column or an empty prompt set
+    elif not Path(cfg.rollout.replay_from).is_file():
+        raise FileNotFoundError(f"rollout.replay_from: no rollout records at {cfg.rollout.replay_from}")
 
 
-def progress_line(step: int, row: dict, accuracy: float | None, step_s: float) -> str:
-    parts = [f"step {step:4d}", f"reward {row.get('rollout/reward', float('nan')):.3f}"]
+def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, str]:
+    """The key numbers of a step, as the progress bar or line shows them."""
+    fields = {"reward": f"{row.get('rollout/reward', float('nan')):.3f}"}
     if accuracy is not None:
-        parts.append(f"eval acc {accuracy:.3f}")
-    parts += [
-        f"policy age {row.get('buffer/policy_age_mean', float('nan')):.2f}",
-        f"gen {row.get('generator/tokens_per_s', float('nan')):.0f} tok/s",
-        f"sync {row.get('grpo/weight_sync_ms', float('nan')):.0f} ms",
-        f"{step_s:.2f} s/step",
-    ]
-    return " | ".join(parts)
+        fields["eval acc"] = f"{accuracy:.3f}"
+    fields["policy age"] = f"{row.get('buffer/policy_age_mean', float('nan')):.2f}"
+    fields["gen"] = f"{row.get('generator/tokens_per_s', float('nan')):.0f} tok/s"
+    fields["sync"] = f"{row.get('grpo/weight_sync_ms', float('nan')):.0f} ms"
+    fields["step"] = f"{step_s:.2f} s"
+    return fields
 
 
 async def run(cfg: GRPOConfig) -> dict:
@@ -77,26 +82,52 @@ async def run(cfg: GRPOConfig) -> dict:
         os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
     await init_provisioner(cfg.provisioner)
     try:
+        if cfg.rollout.replay_from:
+            return await _replay(cfg)
         return await _train(cfg)
     finally:
         await shutdown()
 
 
-async def _train(cfg: GRPOConfig) -> dict:
-    metric_logger = await get_metric_logger(cfg.metrics)
-    await store.initialize()
-
+def _pad_id(cfg: GRPOConfig) -> int:
     from transformers import AutoTokenizer
 
-    pad_id = AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
+    return AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
+
+
+async def _replay(cfg: GRPOConfig) -> dict:
+    steps = await replay_training(
+        cfg.rollout.replay_from,
+        trainer_engine=cfg.trainer.engine,
+        trainer_loss=cfg.trainer.loss,
+        trainer_procs=cfg.trainer.procs,
+        pad_id=_pad_id(cfg),
+        max_steps=cfg.max_steps,
+        metrics=cfg.metrics,
+        run_config=config_to_dict(cfg),
+    )
+    return {"eval_accuracy": [], "generator_versions": [], "replayed_steps": steps}
+
+
+async def _train(cfg: GRPOConfig) -> dict:
+    metric_logger = await get_metric_logger(cfg.metrics, config_to_dict(cfg))
+    await store.initialize()
+    recorder = None
+    if cfg.metrics.rollouts_path:
+        recorder = RolloutRecorder(cfg.metrics.rollouts_path, cfg.metrics.rollouts_every)
+    pad_id = _pad_id(cfg)
     gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
     dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
         Generator.options(with_gpus=gpus).as_actor(cfg.generator),
         TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus).as_actor(
             cfg.trainer.engine, cfg.trainer.loss
+        )
+        if cfg.trainer.enabled
+        else asyncio.sleep(0),
+        ReplayBuffer.as_actor(
+            cfg.replay_buffer, pad_id, str(batches_path(recorder.path)) if recorder else None
         ),
-        ReplayBuffer.as_actor(cfg.replay_buffer, pad_id),
         RewardActor.as_actor(cfg.reward),
         ComputeAdvantages.as_actor(cfg.rollout.advantage),
         ReferenceModel.options(with_gpus=gpus).as_actor(
@@ -122,31 +153,38 @@ async def _train(cfg: GRPOConfig) -> dict:
                 prompts_per_step=cfg.rollout.prompts_per_step,
                 group_size=cfg.rollout.group_size,
                 skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
+                recorder=recorder,
             )
 
     async def evaluate() -> float:
-        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens)
+        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens, recorder)
 
     async def continuous_training() -> dict:
+        progress = Progress(cfg.max_steps, desc="grpo")
         accuracy = await evaluate()
+        record_metric("eval/accuracy", accuracy, Reduce.MEAN)
+        await metric_logger.flush(0)
         history = {"eval_accuracy": [(0, accuracy)], "generator_versions": []}
-        print(f"step    0 | eval acc {accuracy:.3f} (initial policy)", flush=True)
+        progress.message(f"step 0 | eval acc {accuracy:.3f} (initial policy)")
         version = 0
         for step in range(1, cfg.max_steps + 1):
             started = time.perf_counter()
+            if recorder is not None:
+                recorder.step = step
             while (batch := await replay_buffer.sample.call_one(version)) is None:
                 await asyncio.sleep(0.05)
             inputs, targets, episode_versions = batch
-            await trainer.train_step.call(inputs, targets)
-            version += 1
-            sync_started = time.perf_counter()
-            await trainer.push_weights.call(version)
-            await generator.update_weights.call_one(version)
-            history["generator_versions"].append(await generator.get_version.call_one())
-            record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
-            record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
-            for old in (await store.versions())[: -cfg.keep_weight_versions]:
-                await store.delete(old)
+            if trainer is not None:  # trainer.enabled=false: only generate and record
+                await trainer.train_step.call(inputs, targets)
+                version += 1
+                sync_started = time.perf_counter()
+                await trainer.push_weights.call(version)
+                await generator.update_weights.call_one(version)
+                history["generator_versions"].append(await generator.get_version.call_one())
+                record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
+                record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
+                for old in (await store.versions())[: -cfg.keep_weight_versions]:
+                    await store.delete(old)
             accuracy = None
             if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
                 accuracy = await evaluate()
@@ -154,7 +192,9 @@ async def _train(cfg: GRPOConfig) -> dict:
                 history["eval_accuracy"].append((step, accuracy))
             record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
             row = await metric_logger.flush(step)
-            print(progress_line(step, row, accuracy, time.perf_counter() - started), flush=True)
+            fields = step_fields(row, accuracy, time.perf_counter() - started)
+            progress.update(step, fields, persist=accuracy is not None)
+        progress.close()
         return history
 
     rollouts = [asyncio.create_task(continuous_rollouts()) for _ in range(cfg.rollout.threads)]
@@ -172,6 +212,8 @@ async def _train(cfg: GRPOConfig) -> dict:
         await asyncio.gather(training, *rollouts, return_exceptions=True)
         await metric_logger.close()
         await store.shutdown()
+        if recorder is not None:
+            recorder.close()
     return history
 
 
@@ -190,11 +232,11 @@ def main(argv: list[str] | None = None) -> dict:
     except KeyboardInterrupt:
         print("interrupted: actors stopped", file=sys.stderr)
         raise SystemExit(130) from None
-    (first_step, first), (last_step, last) = history["eval_accuracy"][0], history["eval_accuracy"][-1]
-    print(
-        f"done in {time.perf_counter() - started:.0f} s: eval accuracy {first:.3f} (step {first_step}) "
-        f"-> {last:.3f} (step {last_step})"
-    )
+    summary = f"done in {time.perf_counter() - started:.0f} s"
+    if history["eval_accuracy"]:
+        (first_step, first), (last_step, last) = history["eval_accuracy"][0], history["eval_accuracy"][-1]
+        summary += f": eval accuracy {first:.3f} (step {first_step}) -> {last:.3f} (step {last_step})"
+    print(summary)
     return history
 
 

@@ -13,6 +13,7 @@ import torch
 from forge.data.episode_batch import collate_episodes, response_logprobs
 from forge.data.types import Completion, Episode
 from forge.observability import Reduce, record_metric
+from forge.observability.rollouts import RolloutRecorder
 from forge.rl.advantage import has_signal
 
 
@@ -62,12 +63,14 @@ async def rollout_step(
     prompts_per_step: int,
     group_size: int,
     skip_groups_without_signal: bool,
+    recorder: RolloutRecorder | None = None,
 ) -> int:
     """Samples prompts, generates a group per prompt, scores it and adds it to the buffer.
 
     Returns the number of episodes added. A group whose rewards are all equal has zero
     advantage everywhere: with `skip_groups_without_signal` it is not added (DAPO's dynamic
-    sampling), and counted in `rollout/groups_skipped`.
+    sampling), and counted in `rollout/groups_skipped`. The `recorder` gets the groups that
+    entered the buffer.
     """
     rows = await _call(dataset.sample_batch)(prompts_per_step)
     groups = await _call(generator.generate_batch)([r["prompt"] for r in rows], n=group_size)
@@ -86,17 +89,24 @@ async def rollout_step(
     if reference is not None:
         await add_reference_logprobs(episodes, reference, pad_id)
     await _call(replay_buffer.add_many)(episodes)
+    if recorder is not None:
+        recorder.record_groups(kept)
     return len(episodes)
 
 
-async def greedy_accuracy(generator, rows: list[dict], score_fn, max_tokens: int) -> float:
-    """Fraction of `rows` whose greedy completion scores 1.0 under `score_fn`."""
+async def greedy_accuracy(
+    generator, rows: list[dict], score_fn, max_tokens: int, recorder: RolloutRecorder | None = None
+) -> float:
+    """Fraction of `rows` whose greedy completion scores 1.0 under `score_fn`; the `recorder`
+    gets every answer, as eval records."""
     if not rows:
         return float("nan")
     groups = await _call(generator.generate_batch)(
         [r["prompt"] for r in rows], n=1, temperature=0.0, max_tokens=max_tokens
     )
-    correct = sum(
-        score_fn(r["prompt"], g[0].text, r["target"]) == 1.0 for r, g in zip(rows, groups, strict=True)
-    )
-    return correct / len(rows)
+    completions = [g[0] for g in groups]
+    targets = [r["target"] for r in rows]
+    scores = [score_fn(r["prompt"], c.text, r["target"]) for r, c in zip(rows, completions, strict=True)]
+    if recorder is not None:
+        recorder.record_eval(completions, targets, scores)
+    return sum(s == 1.0 for s in scores) / len(rows)

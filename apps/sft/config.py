@@ -36,7 +36,7 @@ class SFTConfig(ForgeConfigModel):
         None, description="a local tokenizer dir or hub id; with data.embedded_task the embedded one is used"
     )
     max_steps: int = Field(ge=1)
-    log_every: int = Field(10, ge=1, description="print a progress line every N steps")
+    log_every: int = Field(10, ge=1, description="a plain progress line every N steps (off a terminal)")
     eval_every: int = Field(
         0, ge=0, description="held-out loss every N steps (0: only before step 1 and at the end)"
     )

@@ -1,0 +1,77 @@
+"""The rollout recorder on its own: fields, sampling of groups, eval records, the writer thread."""
+
+import json
+
+from forge.data.types import Completion, Episode
+from forge.observability.rollouts import RECORD_FIELDS, RolloutRecorder, batches_path, read_records
+
+
+def completion(prompt: str, text: str, version: int = 3) -> Completion:
+    return Completion(prompt, [1, 2], [5, 6, 7], [-0.5, -0.25, -0.125], text, "stop", version)
+
+
+def group(index: int, size: int = 3) -> list[Episode]:
+    group_id = f"g{index}"
+    return [
+        Episode(
+            completion(f"{index}+1=", f"{index + i}"),
+            str(index + 1),
+            group_id,
+            reward=float(i == 1),
+            reward_breakdown={"toy_task": float(i == 1)},
+            advantage=i - 1.0,
+            ref_logprobs=[-1.0, -1.0, -1.0],
+        )
+        for i in range(size)
+    ]
+
+
+def test_every_field_of_every_episode_and_eval_answer(tmp_path):
+    path = tmp_path / "run" / "rollouts.jsonl"
+    recorder = RolloutRecorder(path)
+    recorder.step = 7
+    groups = [group(0), group(1)]
+    recorder.record_groups(groups)
+    recorder.step = 8
+    recorder.record_eval([completion("2+2=", "4", version=8)], ["4"], [1.0])
+    recorder.close()
+
+    records = list(read_records(path))
+    assert len(records) == 7
+    training, evals = records[:6], records[6:]
+    for record, episode in zip(training, [e for g in groups for e in g], strict=True):
+        assert tuple(record) == RECORD_FIELDS
+        assert record["step"] == 7 and record["eval"] is False
+        assert record["episode_id"] == episode.episode_id
+        assert (
+            record["completion"] == episode.completion.text and record["prompt"] == episode.completion.prompt
+        )
+        assert record["reward"] == episode.reward and record["advantage"] == episode.advantage
+        assert record["reward_breakdown"] == episode.reward_breakdown
+        assert (
+            record["policy_version"] == 3 and record["response_len"] == 3 and record["stop_reason"] == "stop"
+        )
+        assert record["logprobs"] == episode.completion.logprobs  # exact through JSON
+    assert evals == [
+        {
+            "step": 8,
+            "policy_version": 8,
+            "eval": True,
+            "prompt": "2+2=",
+            "completion": "4",
+            "target": "4",
+            "reward": 1.0,
+            "response_len": 3,
+            "stop_reason": "stop",
+        }
+    ]
+    assert batches_path(path) == tmp_path / "run" / "rollouts.batches.jsonl"
+
+
+def test_rollouts_every_keeps_whole_groups(tmp_path):
+    recorder = RolloutRecorder(tmp_path / "r.jsonl", every=3)
+    for i in range(7):
+        recorder.record_groups([group(i, size=2)])
+    recorder.close()
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert [json.loads(line)["group_id"] for line in lines] == ["g0", "g0", "g3", "g3", "g6", "g6"]

@@ -22,13 +22,13 @@ import transformers
 
 from apps.sft.config import SFTConfig
 from forge.actors.trainer import TitanTrainer
-from forge.config import parse_args, save_config
+from forge.config import config_to_dict, parse_args, save_config
 from forge.controller import shutdown
 from forge.data.prompts import read_prompt_target_rows
 from forge.data.rewards import get_reward_fn
 from forge.data.sft import build_sft_loader
 from forge.data.sft_loader import SFTDataLoader
-from forge.observability import MetricsConfig, Reduce, get_metric_logger, record_metric
+from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.observability.progress import Progress
 from forge.recipes.sft import (
     PreparedData,
@@ -109,7 +109,9 @@ async def train(
             metrics_path.unlink(missing_ok=True)
         else:
             drop_metrics_after(metrics_path, start)
-        metric_logger = await get_metric_logger(MetricsConfig(console=False, jsonl_path=str(metrics_path)))
+        metric_logger = await get_metric_logger(
+            cfg.metrics.model_copy(update={"jsonl_path": str(metrics_path)}), config_to_dict(cfg)
+        )
         for key, value in data.metrics.items():
             record_metric(key, value, Reduce.SUM)
         last_eval = {}

@@ -20,7 +20,14 @@ from forge.controller import shutdown
 from forge.data.episode_buffer import ReplayBufferConfig
 from forge.data.prompts import PromptDataConfig
 from forge.observability import MetricsConfig, get_metric_logger
-from forge.observability.rollouts import RECORD_FIELDS, RolloutRecorder, batches_path, read_records
+from forge.observability.rollouts import (
+    RECORD_FIELDS,
+    RolloutRecorder,
+    batches_path,
+    decode_floats,
+    decode_ids,
+    read_records,
+)
 from forge.plot import plot_run
 from forge.rollout import rollout_step
 
@@ -53,9 +60,13 @@ def test_rollout_records_of_the_run(recorded_run):
     training = {r["episode_id"]: r for r in records if not r["eval"]}
     for record in training.values():
         assert tuple(record) == RECORD_FIELDS
-        assert record["response_len"] == len(record["response_ids"]) == len(record["logprobs"])
+        assert (
+            record["response_len"]
+            == len(decode_ids(record["response_ids"]))
+            == len(decode_floats(record["logprobs"]))
+        )
         assert record["reward_breakdown"] == {"toy_task": record["reward"]}
-        assert record["ref_logprobs"] is not None and len(record["ref_logprobs"]) == record["response_len"]
+        assert len(decode_floats(record["ref_logprobs"])) == record["response_len"]
         assert record["stop_reason"] in ("stop", "length") and 0 <= record["step"] <= 3
     # Every trained episode was recorded when it entered the buffer, with its policy version.
     batches = list(read_records(batches_path(run_dir / "rollouts.jsonl")))
@@ -168,7 +179,7 @@ def test_records_match_the_buffer_episode_for_episode(tiny_policy, tmp_path):
             assert record["episode_id"] == episode.episode_id
             assert record["completion"] == episode.completion.text
             assert record["reward"] == episode.reward and record["advantage"] == episode.advantage
-            assert record["response_ids"] == episode.completion.response_ids
-            assert record["logprobs"] == episode.completion.logprobs
+            assert decode_ids(record["response_ids"]) == episode.completion.response_ids
+            assert decode_floats(record["logprobs"]) == episode.completion.logprobs
 
     asyncio.run(run())

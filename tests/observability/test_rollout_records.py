@@ -2,8 +2,18 @@
 
 import json
 
+import numpy
+
 from forge.data.types import Completion, Episode
-from forge.observability.rollouts import RECORD_FIELDS, RolloutRecorder, batches_path, read_records
+from forge.observability.rollouts import (
+    RECORD_FIELDS,
+    RolloutRecorder,
+    batches_path,
+    decode_floats,
+    decode_ids,
+    encode_floats,
+    read_records,
+)
 
 
 def completion(prompt: str, text: str, version: int = 3) -> Completion:
@@ -51,7 +61,10 @@ def test_every_field_of_every_episode_and_eval_answer(tmp_path):
         assert (
             record["policy_version"] == 3 and record["response_len"] == 3 and record["stop_reason"] == "stop"
         )
-        assert record["logprobs"] == episode.completion.logprobs  # exact through JSON
+        # float32, exact: these are float32 values (as every logprob the trainer reads)
+        assert decode_floats(record["logprobs"]) == episode.completion.logprobs
+        assert decode_floats(record["ref_logprobs"]) == episode.ref_logprobs
+        assert decode_ids(record["prompt_ids"]) == [1, 2] and decode_ids(record["response_ids"]) == [5, 6, 7]
     assert evals == [
         {
             "step": 8,
@@ -75,3 +88,11 @@ def test_rollouts_every_keeps_whole_groups(tmp_path):
     recorder.close()
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
     assert [json.loads(line)["group_id"] for line in lines] == ["g0", "g0", "g3", "g3", "g6", "g6"]
+
+
+def test_float32_encoding_round_trips():
+    values = [-0.1, -2.5, -1e-8, float("-inf")]
+    decoded = decode_floats(encode_floats(values))
+    assert decoded[1] == -2.5 and decoded[3] == float("-inf")
+    assert decoded == [float(numpy.float32(v)) for v in values]
+    assert encode_floats(None) is None and decode_floats(None) is None

@@ -1,20 +1,28 @@
 """Rollout records: one JSON object per episode that enters the replay buffer, and per eval answer.
 
 The controller, which already holds every episode on its way to the buffer, hands them to a
-`RolloutRecorder`. Turning them into JSON and writing happen on a background thread, so
-the rollout loops only pay for building a few small dicts (see bench/rollout_records_bench.py).
+`RolloutRecorder`. Building the records, turning them into JSON and writing all happen on a
+background thread: the rollout loop only queues a reference to the groups (see
+bench/rollout_records_bench.py for what the thread costs).
 
 A record of a training episode carries what a person reads (prompt, completion, reward,
 advantage, ...) and what replay mode (`rollout.replay_from`) needs to rebuild the exact
 training batch (token ids, generator and reference logprobs, the episode id). The replay
 buffer writes, next to it, which episodes each training batch held (`batches_path`).
+
+Per-token arrays are stored as base64 of little-endian int32 (token ids) and float32
+(logprobs; the trainer reads them as float32, so this is exact): a GPU-sized step has
+millions of them, and JSON numbers cost several times more to write and read.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import queue
+import sys
 import threading
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +51,42 @@ RECORD_FIELDS = (
 )
 
 
+def _encode(typecode: str, values: list | None) -> str | None:
+    if values is None:
+        return None
+    packed = array(typecode, values)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+def _decode(typecode: str, encoded: str | None) -> list | None:
+    if encoded is None:
+        return None
+    packed = array(typecode, base64.b64decode(encoded))
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tolist()
+
+
+def encode_floats(values: list[float] | None) -> str | None:
+    """Base64 of the values as little-endian float32."""
+    return _encode("f", values)
+
+
+def decode_floats(encoded: str | None) -> list[float] | None:
+    return _decode("f", encoded)
+
+
+def encode_ids(ids: list[int]) -> str:
+    """Base64 of token ids as little-endian int32."""
+    return _encode("i", ids)
+
+
+def decode_ids(encoded: str) -> list[int]:
+    return _decode("i", encoded)
+
+
 def batches_path(rollouts_path: str | Path) -> Path:
     """Where the replay buffer records the episode ids of each training batch."""
     path = Path(rollouts_path)
@@ -65,10 +109,10 @@ def episode_record(step: int, episode: Episode) -> dict[str, Any]:
         "stop_reason": c.stop_reason,
         "group_id": episode.group_id,
         "episode_id": episode.episode_id,
-        "prompt_ids": c.prompt_ids,
-        "response_ids": c.response_ids,
-        "logprobs": c.logprobs,
-        "ref_logprobs": episode.ref_logprobs,
+        "prompt_ids": encode_ids(c.prompt_ids),
+        "response_ids": encode_ids(c.response_ids),
+        "logprobs": encode_floats(c.logprobs),
+        "ref_logprobs": encode_floats(episode.ref_logprobs),
     }
 
 
@@ -101,35 +145,37 @@ class RolloutRecorder:
         self.step = 0
         self._groups_seen = 0
         self._file = self.path.open("w", encoding="utf-8")
-        self._queue: queue.SimpleQueue[list[dict] | None] = queue.SimpleQueue()
+        # Items are (step, groups) of training episodes or ready eval records; None stops.
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._write_loop, name="rollout-records", daemon=True)
         self._thread.start()
 
     def record_groups(self, groups: list[list[Episode]]) -> None:
-        """Records the episodes of the groups that entered the buffer (one group in `every`)."""
-        records = []
-        for group in groups:
-            if self._groups_seen % self.every == 0:
-                records.extend(episode_record(self.step, episode) for episode in group)
-            self._groups_seen += 1
-        self._put(records)
+        """Records the episodes of the groups that entered the buffer (one group in `every`).
+        The episodes must not change afterwards: the thread reads them later."""
+        kept = [g for i, g in enumerate(groups, start=self._groups_seen) if i % self.every == 0]
+        self._groups_seen += len(groups)
+        if kept:
+            self._put((self.step, kept))
 
     def record_eval(self, completions: list[Completion], targets: list[str], rewards: list[float]) -> None:
         self._put(
             [eval_record(self.step, c, t, r) for c, t, r in zip(completions, targets, rewards, strict=True)]
         )
 
-    def _put(self, records: list[dict]) -> None:
+    def _put(self, item: tuple[int, list[list[Episode]]] | list[dict]) -> None:
         if self._error is not None:
             raise RuntimeError(f"writing rollout records to {self.path} failed") from self._error
-        if records:
-            self._queue.put(records)
+        self._queue.put(item)
 
     def _write_loop(self) -> None:
         try:
-            while (records := self._queue.get()) is not None:
-                self._file.write("".join(json.dumps(r) + "\n" for r in records))
+            while (item := self._queue.get()) is not None:
+                if isinstance(item, tuple):
+                    step, groups = item
+                    item = [episode_record(step, episode) for group in groups for episode in group]
+                self._file.write("".join(json.dumps(r) + "\n" for r in item))
                 if self._queue.empty():
                     self._file.flush()
         except BaseException as e:  # surfaced to the caller by the next record or close

@@ -22,15 +22,15 @@ from forge.data.episode_batch import collate_episodes
 from forge.data.types import Completion, Episode
 from forge.observability import MetricsConfig, Reduce, get_metric_logger, record_metric
 from forge.observability.progress import Progress
-from forge.observability.rollouts import batches_path, read_records
+from forge.observability.rollouts import batches_path, decode_floats, decode_ids, read_records
 
 
 def episode_from_record(record: dict) -> Episode:
     completion = Completion(
         prompt=record["prompt"],
-        prompt_ids=record["prompt_ids"],
-        response_ids=record["response_ids"],
-        logprobs=record["logprobs"],
+        prompt_ids=decode_ids(record["prompt_ids"]),
+        response_ids=decode_ids(record["response_ids"]),
+        logprobs=decode_floats(record["logprobs"]),
         text=record["completion"],
         stop_reason=record["stop_reason"],
         policy_version=record["policy_version"],
@@ -42,7 +42,7 @@ def episode_from_record(record: dict) -> Episode:
         reward=record["reward"],
         reward_breakdown=record["reward_breakdown"],
         advantage=record["advantage"],
-        ref_logprobs=record["ref_logprobs"],
+        ref_logprobs=decode_floats(record["ref_logprobs"]),
         episode_id=record["episode_id"],
     )
 

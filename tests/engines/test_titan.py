@@ -188,3 +188,17 @@ def test_split_microbatches_checks_the_batch():
         split_microbatches(batch, 3)
     with pytest.raises(ValueError, match="advantages"):
         split_microbatches({**batch, "advantages": torch.zeros(3)}, 2)
+
+
+def test_hf_state_dict_in_another_dtype_leaves_the_master_weights():
+    engine = TitanEngine(make_config())
+    engine.train_step(make_batch(), masked_ce)
+    master = {name: t.clone() for name, t in engine.hf_state_dict().items()}
+    cast = engine.hf_state_dict(torch.bfloat16)
+    assert cast.keys() == master.keys()
+    for name, tensor in master.items():
+        assert tensor.dtype == torch.float32
+        assert cast[name].dtype == torch.bfloat16 and torch.equal(cast[name], tensor.bfloat16()), name
+    # The float32 parameters are untouched, and training goes on from them.
+    for name, tensor in engine.hf_state_dict().items():
+        assert torch.equal(tensor, master[name]), name

@@ -57,6 +57,11 @@ def run_rank(rank: int, init_dir: str, out_dir: str) -> None:
         batch = {name: t[rows] for name, t in global_batch(step).items()}
         if step == STEPS:
             engine.export_hf(Path(out_dir) / "final")  # gathers the shards on every rank
+            # Cast on the shards, then gathered: the same values as casting the gathered tensors.
+            full, cast = engine.hf_state_dict(), engine.hf_state_dict(torch.bfloat16)
+            assert cast.keys() == full.keys()
+            for name, tensor in full.items():
+                assert cast[name].dtype == torch.bfloat16 and torch.equal(cast[name], tensor.bfloat16()), name
             engine.save(extra_state={"cursor": step})
             after_save = engine.train_step(batch, masked_ce)["train/loss"]
             assert engine.load() == {"cursor": step} and engine.step == step

@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     set_model_state_dict,
 )
+from torch.distributed.tensor import DTensor
 from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import utils as dist_utils
@@ -196,13 +197,19 @@ class TitanEngine:
         averaged = {name: values[i].item() / mesh.size() for i, name in enumerate(names)}
         return averaged, int(values[-1].item())
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (gathered on every rank) tensors under Hugging Face names, in the parameter dtype.
+    def hf_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """Full (gathered on every rank) tensors under Hugging Face names.
 
-        Without sharding the tensors may share storage with the live parameters: copy them if
-        they must outlive the next ``train_step``.
+        With ``dtype`` (e.g. the generator's bfloat16) each parameter is cast on its own shard
+        before the gather, so the gather moves that dtype's bytes and the float32 master
+        weights stay untouched. Without it, the parameter dtype is kept, and without sharding
+        the tensors may share storage with the live parameters: copy them if they must outlive
+        the next ``train_step``.
         """
-        titan_sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        if dtype is None:
+            titan_sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        else:
+            titan_sd = {name: _gather(t.detach().to(dtype)) for name, t in self.model.state_dict().items()}
         return self.adapter.to_hf(titan_sd)
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor], source: str = "a state dict") -> None:
@@ -279,6 +286,11 @@ def split_microbatches(
     return [
         {k: v[i : i + microbatch_size] for k, v in batch.items()} for i in range(0, size, microbatch_size)
     ]
+
+
+def _gather(tensor: torch.Tensor) -> torch.Tensor:
+    """The full tensor of a (possibly sharded) DTensor parameter; a plain tensor as it is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def _detached(value: float | torch.Tensor) -> float | torch.Tensor:

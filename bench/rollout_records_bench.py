@@ -10,7 +10,7 @@ actor calls, plus the controller's own bookkeeping) takes with the recorder than
     python bench/rollout_records_bench.py --steps 3    # quick check
 
 Rows: `shape` (prompts x group size, prompt and response tokens), `episodes/step`,
-`record ms/step` (the call in the loop), `writer ms/step` (the thread's serialise+write),
+`every` (metrics.rollouts_every), `record ms/step` (the call in the loop), `writer ms/step` (the thread's serialise+write),
 `MB/step` (file growth), `loop s/step` without and with the recorder, and the slowdown.
 """
 
@@ -28,10 +28,12 @@ import uuid
 from forge.data.types import Completion, Episode
 from forge.observability.rollouts import RolloutRecorder, episode_record
 
-# name, prompts per step, group size, prompt tokens, response tokens, seconds per rollout step
+# name, prompts per step, group size, prompt tokens, response tokens, seconds per rollout
+# step, metrics.rollouts_every (the demo config keeps one group in 16)
 SHAPES = [
-    ("demo tiny_cpu (64x16, 8+6 tok)", 64, 16, 8, 6, 0.8),
-    ("GPU 0.6B (256x8, 64+256 tok)", 256, 8, 64, 256, 10.0),
+    ("demo tiny_cpu (64x16, 8+6 tok)", 64, 16, 8, 6, 0.8, 1),
+    ("demo tiny_cpu (64x16, 8+6 tok)", 64, 16, 8, 6, 0.8, 16),
+    ("GPU 0.6B (256x8, 64+256 tok)", 256, 8, 64, 256, 10.0, 1),
 ]
 
 
@@ -74,13 +76,13 @@ async def rollout_loop(groups, steps: int, step_s: float, recorder: RolloutRecor
     return (time.perf_counter() - started) / steps
 
 
-def measure(name, prompts, group_size, prompt_len, response_len, step_s, steps, scale) -> dict:
+def measure(name, prompts, group_size, prompt_len, response_len, step_s, every, steps, scale) -> dict:
     step_s *= scale
     groups = make_groups(prompts, group_size, prompt_len, response_len)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rollouts.jsonl")
         plain = asyncio.run(rollout_loop(groups, steps, step_s, None))
-        recorder = RolloutRecorder(path)
+        recorder = RolloutRecorder(path, every)
         recorded = asyncio.run(rollout_loop(groups, steps, step_s, recorder))
         call_started = time.perf_counter()
         recorder.record_groups(groups)
@@ -89,11 +91,12 @@ def measure(name, prompts, group_size, prompt_len, response_len, step_s, steps, 
         size = os.path.getsize(path) / (steps + 1)
     # What the writer thread does per step, timed here on the same records.
     started = time.perf_counter()
-    "".join(json.dumps(episode_record(0, e)) + "\n" for g in groups for e in g)
+    "".join(json.dumps(episode_record(0, e)) + "\n" for g in groups[::every] for e in g)
     writer_ms = (time.perf_counter() - started) * 1e3
     return {
         "shape": name,
         "episodes/step": prompts * group_size,
+        "every": every,
         "record ms/step": record_ms,
         "writer ms/step": writer_ms,
         "MB/step": size / 1e6,
@@ -109,15 +112,15 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies each shape's step time")
     args = parser.parse_args()
     rows = [measure(*shape, args.steps, args.scale) for shape in SHAPES]
-    header = list(rows[0])
-    print(" | ".join(header))
+    print(f"rollout records, {args.steps} steps per shape (machine load: {os.getloadavg()[0]:.1f})")
+    print("| " + " | ".join(rows[0]) + " |")
+    print("|---|" + "---:|" * (len(rows[0]) - 1))
     for row in rows:
-        print(
-            " | ".join(
-                f"{v:.1%}" if k == "slowdown" else (f"{v:.3f}" if isinstance(v, float) else str(v))
-                for k, v in row.items()
-            )
-        )
+        cells = [
+            f"{v:.1%}" if k == "slowdown" else (f"{v:.3f}" if isinstance(v, float) else str(v))
+            for k, v in row.items()
+        ]
+        print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,12 @@ import time
 
 import torch
 
-from forge.data.episode_batch import collate_episodes
 from forge.data.types import Completion, Episode
 from forge.engines.generation import SamplingParams
 from forge.engines.hf_generate import HFGenerateEngine
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
+from forge.rl.batch import PolicyBatch
 from forge.rl.losses import build_loss
 from forge.rl.ops import compute_logprobs
 
@@ -61,16 +61,12 @@ def parity() -> float:
     prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (5, 9, 3, 12)]
     params = SamplingParams(n=4, max_tokens=16, seed=0)
     for _ in range(2):
-        inputs, targets = collate_episodes(episodes(generator.generate(prompts, params), prompts), pad_id=0)
-        batch = {**inputs, **{k: v for k, v in targets.items() if v is not None}}
-        trainer.train_step(
-            batch,
-            lambda lg, b: grpo(lg, b["target_ids"], b["advantages"], b["generator_logprobs"], b["loss_mask"]),
-        )
+        batch = PolicyBatch.from_episodes(episodes(generator.generate(prompts, params), prompts), pad_id=0)
+        trainer.train_step(batch, grpo)
         generator.load_hf_state_dict(trainer.hf_state_dict())
-    inputs, targets = collate_episodes(episodes(generator.generate(prompts, params), prompts), pad_id=0)
-    ours = compute_logprobs(trainer.forward(inputs["tokens"]), targets["target_ids"].cuda()).cpu()
-    return float(((ours - targets["generator_logprobs"]).abs() * targets["loss_mask"]).max())
+    batch = PolicyBatch.from_episodes(episodes(generator.generate(prompts, params), prompts), pad_id=0)
+    ours = compute_logprobs(trainer.forward(batch.tokens), batch.target_ids.cuda()).cpu()
+    return float(((ours - batch.generator_logprobs).abs() * batch.loss_mask).max())
 
 
 def throughput() -> tuple[float, float, int]:
@@ -78,13 +74,13 @@ def throughput() -> tuple[float, float, int]:
     params = sum(p.numel() for p in trainer.model.parameters())
     sft = build_loss("sft")
     tokens = torch.randint(0, 150_000, (8, 1024))
-    batch = {"tokens": tokens, "target_ids": tokens.roll(-1, 1), "loss_mask": torch.ones(8, 1024)}
+    batch = PolicyBatch(target_ids=tokens.roll(-1, 1), loss_mask=torch.ones(8, 1024), tokens=tokens)
     for _ in range(2):  # warm-up
-        trainer.train_step(batch, lambda lg, b: sft(lg, b["target_ids"], loss_mask=b["loss_mask"]))
+        trainer.train_step(batch, sft)
     torch.cuda.synchronize()
     started, steps = time.perf_counter(), 5
     for _ in range(steps):
-        trainer.train_step(batch, lambda lg, b: sft(lg, b["target_ids"], loss_mask=b["loss_mask"]))
+        trainer.train_step(batch, sft)
     torch.cuda.synchronize()
     train_tps = steps * tokens.numel() / (time.perf_counter() - started)
 

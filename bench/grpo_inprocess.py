@@ -13,7 +13,6 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from forge.data.episode_batch import collate_episodes
 from forge.data.rewards import exact_match, toy_task_reward
 from forge.data.toy_task import ToyTaskConfig, make_splits
 from forge.data.types import Completion, Episode
@@ -22,6 +21,7 @@ from forge.engines.hf_generate import HFGenerateEngine
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
 from forge.rl.advantage import group_advantages, has_signal
+from forge.rl.batch import PolicyBatch
 from forge.rl.losses import build_loss
 
 
@@ -82,14 +82,7 @@ def main() -> None:
                 )
                 episodes.append(Episode(completion, prompt["target"], "g", advantage=advantage))
         if episodes:
-            inputs, targets = collate_episodes(episodes, tokenizer.pad_token_id)
-            batch = {**inputs, **{k: v for k, v in targets.items() if v is not None}}
-            trainer.train_step(
-                batch,
-                lambda logits, b: loss_fn(
-                    logits, b["target_ids"], b["advantages"], b["generator_logprobs"], b["loss_mask"]
-                ),
-            )
+            trainer.train_step(PolicyBatch.from_episodes(episodes, tokenizer.pad_token_id), loss_fn)
             generator.load_hf_state_dict(trainer.hf_state_dict())
         if step % args.every == 0:
             rows.append((step, accuracy(), sum(rewards) / len(rewards), time.perf_counter() - started))

@@ -150,7 +150,6 @@ async def _train(cfg: GRPOConfig) -> dict:
                 advantages=advantages,
                 reference=reference,
                 replay_buffer=replay_buffer,
-                pad_id=pad_id,
                 prompts_per_step=cfg.rollout.prompts_per_step,
                 group_size=cfg.rollout.group_size,
                 skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
@@ -174,16 +173,19 @@ async def _train(cfg: GRPOConfig) -> dict:
                 recorder.step = step
             while (batch := await replay_buffer.sample.call_one(version)) is None:
                 await asyncio.sleep(0.05)
-            inputs, targets, episode_versions = batch
             if trainer is not None:  # trainer.enabled=false: only generate and record
-                await trainer.train_step.call(inputs, targets)
+                await trainer.train_step.call(batch)
                 version += 1
                 sync_started = time.perf_counter()
                 await trainer.push_weights.call(version)
                 await generator.update_weights.call_one(version)
                 history["generator_versions"].append(await generator.get_version.call_one())
                 record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
-                record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
+                record_metric(
+                    "grpo/trained_policy_age_max",
+                    version - 1 - min(int(b.policy_versions.min()) for b in batch),
+                    Reduce.MAX,
+                )
                 for old in (await store.versions())[: -cfg.keep_weight_versions]:
                     await store.delete(old)
             accuracy = None

@@ -124,7 +124,7 @@ async def train(
         for step in range(start + 1, cfg.max_steps + 1):
             started = time.perf_counter()
             batch = next(loader)
-            await trainer.train_step.call(*split_for_ranks(batch, procs))
+            await trainer.train_step.call(split_for_ranks(batch, procs))
             # Tokens the model read (padding included) per second of batching plus training.
             record_metric("train/tokens_per_s", batch["input_ids"].numel() / (time.perf_counter() - started))
             cursor = loader.state_dict()

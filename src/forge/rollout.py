@@ -10,7 +10,6 @@ import uuid
 
 import torch
 
-from forge.data.episode_batch import collate_episodes, response_logprobs
 from forge.data.types import Completion, Episode
 from forge.observability import Reduce, record_metric
 from forge.observability.rollouts import RolloutRecorder
@@ -42,11 +41,9 @@ async def score_groups(
     return scored
 
 
-async def add_reference_logprobs(episodes: list[Episode], reference, pad_id: int) -> None:
+async def add_reference_logprobs(episodes: list[Episode], reference) -> None:
     """Fills `ref_logprobs` of each episode from the reference model (one batched call)."""
-    inputs, targets = collate_episodes(episodes, pad_id)
-    logprobs = await _call(reference.forward)(inputs["tokens"], targets["target_ids"])
-    rows = response_logprobs(logprobs, [e.prompt_len for e in episodes], [e.response_len for e in episodes])
+    rows = await _call(reference.forward)([e.completion for e in episodes])
     for episode, row in zip(episodes, rows, strict=True):
         episode.ref_logprobs = row
 
@@ -59,7 +56,6 @@ async def rollout_step(
     advantages,
     reference,
     replay_buffer,
-    pad_id: int,
     prompts_per_step: int,
     group_size: int,
     skip_groups_without_signal: bool,
@@ -87,7 +83,7 @@ async def rollout_step(
     if not episodes:
         return 0
     if reference is not None:
-        await add_reference_logprobs(episodes, reference, pad_id)
+        await add_reference_logprobs(episodes, reference)
     await _call(replay_buffer.add_many)(episodes)
     if recorder is not None:
         recorder.record_groups(kept)

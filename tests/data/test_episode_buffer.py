@@ -1,12 +1,13 @@
-"""Replay-buffer logic and episode collation, in one process."""
+"""Replay-buffer logic and the PolicyBatch it builds from episodes, in one process."""
+
+import pickle
 
 import pytest
-import torch
 
-from forge.data.episode_batch import collate_episodes, response_logprobs
 from forge.data.episode_buffer import EpisodeBuffer, ReplayBufferConfig
 from forge.data.types import Completion, Episode
 from forge.observability.collector import pop_state
+from forge.rl.batch import PolicyBatch, response_rows
 
 
 def episode(version: int, prompt=(1, 5, 6), response=(7, 8, 2), advantage=0.5, ref=None) -> Episode:
@@ -22,28 +23,44 @@ def episode(version: int, prompt=(1, 5, 6), response=(7, 8, 2), advantage=0.5, r
     return Episode(completion, target="t", group_id="g", advantage=advantage, ref_logprobs=ref)
 
 
-def test_collate_places_response_tokens_and_logprobs_at_the_shifted_positions():
-    a = episode(0, prompt=(1, 5, 6), response=(7, 8, 2), ref=[-1.0, -2.0, -3.0])
-    b = episode(0, prompt=(1, 9), response=(4,), advantage=-1.0, ref=[-4.0])
-    inputs, targets = collate_episodes([a, b], pad_id=0)
+def test_policy_batch_places_response_tokens_and_logprobs_at_the_shifted_positions():
+    a = episode(3, prompt=(1, 5, 6), response=(7, 8, 2), ref=[-1.0, -2.0, -3.0])
+    b = episode(4, prompt=(1, 9), response=(4,), advantage=-1.0, ref=[-4.0])
+    batch = PolicyBatch.from_episodes([a, b], pad_id=0)
     # Row a: sequence 1 5 6 7 8 2 -> tokens 1 5 6 7 8, targets 5 6 7 8 2, response targets at 2..4.
-    assert inputs["tokens"].tolist() == [[1, 5, 6, 7, 8], [1, 9, 0, 0, 0]]
-    assert targets["target_ids"].tolist() == [[5, 6, 7, 8, 2], [9, 4, 0, 0, 0]]
-    assert targets["loss_mask"].tolist() == [[0, 0, 1, 1, 1], [0, 1, 0, 0, 0]]
-    assert targets["generator_logprobs"][0, 2:].tolist() == pytest.approx([-0.1, -0.2, -0.3])
-    assert targets["ref_logprobs"][1].tolist() == [0.0, -4.0, 0.0, 0.0, 0.0]
-    assert targets["advantages"].tolist() == [0.5, -1.0]
-    # Every masked target is a response token, in order.
+    assert batch.tokens.tolist() == [[1, 5, 6, 7, 8], [1, 9, 0, 0, 0]]
+    assert batch.target_ids.tolist() == [[5, 6, 7, 8, 2], [9, 4, 0, 0, 0]]
+    assert batch.loss_mask.tolist() == [[0, 0, 1, 1, 1], [0, 1, 0, 0, 0]]
+    assert batch.generator_logprobs[0, 2:].tolist() == pytest.approx([-0.1, -0.2, -0.3])
+    assert batch.ref_logprobs[1].tolist() == [0.0, -4.0, 0.0, 0.0, 0.0]
+    assert batch.advantages.tolist() == [0.5, -1.0]
+    assert batch.policy_versions.tolist() == [3, 4]
+    # Every masked target is a response token, in order, and the rows come back out per episode.
     for row, ep in enumerate([a, b]):
-        masked = targets["target_ids"][row][targets["loss_mask"][row].bool()].tolist()
+        masked = batch.target_ids[row][batch.loss_mask[row].bool()].tolist()
         assert masked == ep.completion.response_ids
-    logprobs = torch.arange(10, dtype=torch.float32).reshape(2, 5)
-    assert response_logprobs(logprobs, [3, 2], [3, 1]) == [[2.0, 3.0, 4.0], [6.0]]
+    assert response_rows(batch.ref_logprobs, batch.loss_mask) == [[-1.0, -2.0, -3.0], [-4.0]]
 
 
-def test_collate_without_reference_leaves_ref_logprobs_none():
-    _, targets = collate_episodes([episode(0), episode(0, ref=[0.0, 0.0, 0.0])], pad_id=0)
-    assert targets["ref_logprobs"] is None
+def test_policy_batch_without_reference_leaves_ref_logprobs_none():
+    batch = PolicyBatch.from_episodes([episode(0), episode(0, ref=[0.0, 0.0, 0.0])], pad_id=0)
+    assert batch.ref_logprobs is None
+
+
+def test_policy_batch_rejects_reference_rows_of_the_wrong_length():
+    with pytest.raises(ValueError, match=r"one value per response token.*\[2\].*\[3\]"):
+        PolicyBatch.from_episodes([episode(0, ref=[0.0, 0.0])], pad_id=0)
+
+
+def test_policy_batch_splits_moves_and_pickles():
+    episodes = [episode(v, response=(7,) * (v + 1), advantage=float(v)) for v in range(4)]
+    batch = PolicyBatch.from_episodes(episodes, pad_id=0)
+    halves = batch.split(2)
+    assert [h.advantages.tolist() for h in halves] == [[0.0, 1.0], [2.0, 3.0]]
+    assert [h.policy_versions.tolist() for h in halves] == [[0, 1], [2, 3]]
+    assert all(h.tokens.shape == (2, batch.tokens.shape[1]) and h.ref_logprobs is None for h in halves)
+    moved = pickle.loads(pickle.dumps(batch.to("meta")))
+    assert moved.tokens.device.type == "meta" and moved.loss_mask.shape == batch.loss_mask.shape
 
 
 def test_sample_evicts_stale_episodes_counts_them_and_splits_per_rank():

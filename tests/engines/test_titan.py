@@ -9,22 +9,23 @@ import pytest
 import torch
 import torch.distributed as dist
 from pydantic import ValidationError
-from titan_testing import masked_ce
+from titan_testing import lm_batch, masked_ce
 from transformers import AutoModelForCausalLM
 
 from forge.data.tokenizer import build_char_tokenizer
 from forge.engines.titan.config import TitanEngineConfig
-from forge.engines.titan.engine import TitanEngine, split_microbatches
+from forge.engines.titan.engine import TitanEngine
+from forge.rl.batch import PolicyBatch
 
 VOCAB = 40
 
 
-def make_batch(size: int = 8, length: int = 24, seed: int = 0) -> dict[str, torch.Tensor]:
+def make_batch(size: int = 8, length: int = 24, seed: int = 0) -> PolicyBatch:
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, VOCAB, (size, length), generator=generator)
     loss_mask = torch.ones(size, length, dtype=torch.bool)
     loss_mask[:, : length // 3] = False  # a prompt the loss ignores
-    return {"tokens": tokens, "loss_mask": loss_mask}
+    return lm_batch(tokens, loss_mask)
 
 
 def make_config(**sections) -> TitanEngineConfig:
@@ -51,7 +52,7 @@ def test_training_lowers_the_loss_on_a_fixed_batch():
     last = metrics[-1]
     assert last["train/step"] == engine.step == 6
     assert last["loss/nll"] == pytest.approx(last["train/loss"])
-    assert last["train/tokens"] == batch["tokens"].numel()
+    assert last["train/tokens"] == batch.tokens.numel()
     assert last["train/lr"] == pytest.approx(1e-3)
     assert last["train/grad_norm"] > 0
 
@@ -83,7 +84,7 @@ def test_hf_state_dict_round_trip_gives_identical_logits():
     assert "model.embed_tokens.weight" in hf_sd and "lm_head.weight" not in hf_sd  # tied
 
     fresh = TitanEngine(make_config(training={"seed": 1}), trainable=False)
-    tokens = make_batch()["tokens"]
+    tokens = make_batch().tokens
     assert not torch.equal(fresh.forward(tokens), trained.forward(tokens))
     fresh.load_hf_state_dict(hf_sd)
     logits = fresh.forward(tokens)
@@ -122,7 +123,7 @@ def test_export_loads_in_transformers_with_matching_logits(tmp_path, model, arch
     assert config["tie_word_embeddings"] is (model == "qwen3")
     hf_model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert type(hf_model).__name__ == architecture
-    tokens = make_batch()["tokens"]
+    tokens = make_batch().tokens
     with torch.no_grad():
         hf_logits = hf_model(tokens).logits
     torch.testing.assert_close(hf_logits, engine.forward(tokens), rtol=0, atol=1e-4)
@@ -135,7 +136,7 @@ def test_reference_engine_has_no_optimizer_and_no_grad():
     engine = TitanEngine(make_config(), trainable=False)
     assert engine.optimizers is None
     assert not any(p.requires_grad for p in engine.model.parameters())
-    assert not engine.forward(make_batch()["tokens"]).requires_grad
+    assert not engine.forward(make_batch().tokens).requires_grad
     with pytest.raises(RuntimeError, match="trainable=False"):
         engine.train_step(make_batch(), masked_ce)
 
@@ -178,16 +179,15 @@ def test_config_rejects_unknown_keys_and_incomplete_schedules():
         make_config(lr_scheduler={"decay_type": "cosine"})
 
 
-def test_split_microbatches_checks_the_batch():
+def test_policy_batch_split_checks_the_batch():
     batch = make_batch(4)
-    assert [mb["tokens"].shape[0] for mb in split_microbatches(batch, 2)] == [2, 2]
-    assert [mb["tokens"].shape[0] for mb in split_microbatches(batch, None)] == [4]
-    with pytest.raises(KeyError, match="'tokens'"):
-        split_microbatches({"input_ids": batch["tokens"]}, None)
+    assert [mb.tokens.shape[0] for mb in batch.split(2)] == [2, 2]
+    assert [mb.tokens.shape[0] for mb in batch.split(None)] == [4]
     with pytest.raises(ValueError, match="not a multiple"):
-        split_microbatches(batch, 3)
-    with pytest.raises(ValueError, match="advantages"):
-        split_microbatches({**batch, "advantages": torch.zeros(3)}, 2)
+        batch.split(3)
+    batch.advantages = torch.zeros(3)
+    with pytest.raises(ValueError, match=r"advantages has shape \[3\], expected \[4\]"):
+        batch.split(2)
 
 
 def test_hf_state_dict_in_another_dtype_leaves_the_master_weights():

@@ -3,25 +3,24 @@
 import pytest
 import torch
 import torch.distributed as dist
-from titan_testing import LossOutput
+from titan_testing import LossOutput, lm_batch
 
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
+from forge.rl.batch import PolicyBatch
 
 VOCAB = 40
 
 
-def next_token_ce(logits: torch.Tensor, batch: dict) -> LossOutput:
-    loss = torch.nn.functional.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), batch["tokens"][:, 1:].flatten()
-    )
+def next_token_ce(logits: torch.Tensor, batch: PolicyBatch) -> LossOutput:
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch.target_ids.flatten())
     return LossOutput(loss, {})
 
 
-def batches(count: int, start: int = 0) -> list[dict[str, torch.Tensor]]:
+def batches(count: int, start: int = 0) -> list[PolicyBatch]:
     """Different data at every step, so that a resume from the wrong state shows."""
     return [
-        {"tokens": torch.randint(0, VOCAB, (4, 16), generator=torch.Generator().manual_seed(i))}
+        lm_batch(torch.randint(0, VOCAB, (4, 17), generator=torch.Generator().manual_seed(i)))
         for i in range(start, start + count)
     ]
 
@@ -46,7 +45,7 @@ def _own_process_group():
         dist.destroy_process_group()
 
 
-def train(engine: TitanEngine, data: list[dict]) -> list[float]:
+def train(engine: TitanEngine, data: list[PolicyBatch]) -> list[float]:
     return [engine.train_step(batch, next_token_ce)["train/loss"] for batch in data]
 
 

@@ -16,21 +16,22 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from titan_testing import masked_ce
+from titan_testing import lm_batch, masked_ce
 
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
+from forge.rl.batch import PolicyBatch
 
 VOCAB = 40
 WORLD_SIZE = 2
 STEPS = 3
 
 
-def global_batch(step: int) -> dict[str, torch.Tensor]:
-    tokens = torch.randint(0, VOCAB, (8, 16), generator=torch.Generator().manual_seed(step))
+def global_batch(step: int) -> PolicyBatch:
+    tokens = torch.randint(0, VOCAB, (8, 17), generator=torch.Generator().manual_seed(step))
     loss_mask = torch.ones_like(tokens, dtype=torch.bool)
     loss_mask[:, :4] = False
-    return {"tokens": tokens, "loss_mask": loss_mask}
+    return lm_batch(tokens, loss_mask)
 
 
 def make_config(
@@ -51,10 +52,9 @@ def run_rank(rank: int, init_dir: str, out_dir: str) -> None:
     check that a sharded checkpoint resumes the next step exactly."""
     engine = TitanEngine(make_config(init_dir, WORLD_SIZE, str(Path(out_dir) / "checkpoints")))
     assert engine.parallel_dims.fsdp_enabled
-    rows = slice(rank * 4, (rank + 1) * 4)
     metrics = []
     for step in range(STEPS + 1):
-        batch = {name: t[rows] for name, t in global_batch(step).items()}
+        batch = global_batch(step).split(4)[rank]
         if step == STEPS:
             engine.export_hf(Path(out_dir) / "final")  # gathers the shards on every rank
             # Cast on the shards, then gathered: the same values as casting the gathered tensors.
@@ -121,7 +121,7 @@ def test_fsdp_two_ranks_match_one_process(tmp_path):
             assert got[step]["train/tokens"] == expected[step]["train/tokens"]
 
     trained = TitanEngine(make_config(str(tmp_path / "final"), 1), trainable=False)
-    tokens = global_batch(0)["tokens"]
+    tokens = global_batch(0).tokens
     torch.testing.assert_close(trained.forward(tokens), single.forward(tokens), rtol=0, atol=1e-5)
 
 

@@ -162,7 +162,6 @@ def test_records_match_the_buffer_episode_for_episode(tiny_policy, tmp_path):
                     advantages=advantages,
                     reference=None,
                     replay_buffer=buffer,
-                    pad_id=0,
                     prompts_per_step=2,
                     group_size=3,
                     skip_groups_without_signal=False,

@@ -8,10 +8,10 @@ from forge import store
 from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.trainer import LossConfig, TitanTrainer
 from forge.controller import shutdown
-from forge.data.episode_batch import collate_episodes
 from forge.data.tokenizer import embedded_tokenizer
 from forge.data.types import Episode
 from forge.engines.titan.config import TitanEngineConfig
+from forge.rl.batch import PolicyBatch
 
 PROMPTS = ["12+34=", "7+8=", "55+5=", "9+90=", "3+4=", "61+20="]
 
@@ -49,13 +49,11 @@ def test_parity_after_sync_and_off_policy_ratios(tiny_policy):
             assert {e.policy_version for e in stale} == {0}
 
             # Step 1 is on-policy: the trainer's logprobs equal the generator's, ratio 1.
-            inputs, targets = collate_episodes(stale[:12], pad_id=0)
-            first = await trainer.train_step.call_one([inputs], [targets])
+            first = await trainer.train_step.call_one([PolicyBatch.from_episodes(stale[:12], pad_id=0)])
             assert abs(first["loss/ratio_mean"] - 1.0) < 1e-4 and first["loss/ratio_max"] < 1 + 1e-4
 
             # Step 2 trains on episodes the old policy produced: the ratio sees the change.
-            inputs, targets = collate_episodes(stale[12:], pad_id=0)
-            second = await trainer.train_step.call_one([inputs], [targets])
+            second = await trainer.train_step.call_one([PolicyBatch.from_episodes(stale[12:], pad_id=0)])
             assert abs(second["loss/ratio_mean"] - 1.0) > 1e-3
             assert second["loss/mismatch_kl"] > 1e-6
             assert {"loss/clip_frac_low", "loss/clip_frac_high"} <= second.keys()
@@ -67,20 +65,13 @@ def test_parity_after_sync_and_off_policy_ratios(tiny_policy):
             assert {e.policy_version for e in fresh} == {2}
             single = await generator.generate.call_one(PROMPTS[0], n=3, max_tokens=2)
             assert len(single) == 3 and all(c.policy_version == 2 and c.response_len <= 2 for c in single)
-            inputs, targets = collate_episodes(fresh, pad_id=0)
-            trainer_logprobs = await trainer.compute_logprobs.call_one(
-                inputs["tokens"], targets["target_ids"]
-            )
-            mask = targets["loss_mask"]
-            assert max_masked_diff(trainer_logprobs, targets["generator_logprobs"], mask) < 1e-4
+            batch = PolicyBatch.from_episodes(fresh, pad_id=0)
+            trainer_logprobs = await trainer.compute_logprobs.call_one(batch.tokens, batch.target_ids)
+            assert max_masked_diff(trainer_logprobs, batch.generator_logprobs, batch.loss_mask) < 1e-4
             # ...and not from the stale one (the comparison above can fail).
-            inputs, targets = collate_episodes(stale, pad_id=0)
-            trainer_logprobs = await trainer.compute_logprobs.call_one(
-                inputs["tokens"], targets["target_ids"]
-            )
-            assert (
-                max_masked_diff(trainer_logprobs, targets["generator_logprobs"], targets["loss_mask"]) > 1e-3
-            )
+            batch = PolicyBatch.from_episodes(stale, pad_id=0)
+            trainer_logprobs = await trainer.compute_logprobs.call_one(batch.tokens, batch.target_ids)
+            assert max_masked_diff(trainer_logprobs, batch.generator_logprobs, batch.loss_mask) > 1e-3
         finally:
             await store.shutdown()
             await shutdown()

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
+from forge.rl.batch import PolicyBatch
 from forge.rl.losses import LOSSES, GRPOLoss, build_loss
 from forge.rl.ops import compute_logprobs
 
@@ -36,20 +37,26 @@ def inputs():
         logprobs = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
     generator_logprobs = logprobs + torch.randn(B, T, generator=gen) * 0.3
     ref_logprobs = logprobs + torch.randn(B, T, generator=gen) * 0.3
-    advantages = torch.tensor([1.0, -0.5])
-    return logits, targets, advantages, generator_logprobs, ref_logprobs
+    batch = PolicyBatch(
+        target_ids=targets,
+        loss_mask=MASK,
+        advantages=torch.tensor([1.0, -0.5]),
+        generator_logprobs=generator_logprobs,
+        ref_logprobs=ref_logprobs,
+    )
+    return logits, batch
 
 
 @pytest.mark.parametrize("name", [*LOSSES, "grpo_kl"])
 def test_loss_compiles_and_matches_eager(name):
     loss_fn = GRPOLoss(beta=0.1) if name == "grpo_kl" else build_loss(name)
-    logits, *rest = inputs()
+    logits, batch = inputs()
     compiled, counter = compile_counted(loss_fn)
 
     results = []
     for fn in (loss_fn, compiled):
         leaf = logits.clone().requires_grad_()
-        out = fn(leaf, *rest[:3], MASK, rest[3])
+        out = fn(leaf, batch)
         out.loss.backward()
         results.append((out, leaf.grad))
     (eager, eager_grad), (fast, fast_grad) = results

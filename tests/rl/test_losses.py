@@ -6,6 +6,7 @@ import pytest
 import torch
 from reference_math import ref_aggregate, ref_entropy, ref_kl, ref_logprob
 
+from forge.rl.batch import PolicyBatch
 from forge.rl.losses import LOSSES, CISPOLoss, DAPOLoss, GRPOLoss, GSPOLoss, LossOutput, SFTLoss, build_loss
 from forge.rl.losses.ppo import GRPOLossConfig
 
@@ -163,6 +164,16 @@ def case_inputs(name, params, advantage_kind, with_ref):
     return logits, targets, advantages, generator_logprobs, (ref_logprobs if with_ref else None)
 
 
+def policy_batch(targets, advantages, generator_logprobs, mask, ref_logprobs=None) -> PolicyBatch:
+    return PolicyBatch(
+        target_ids=targets,
+        loss_mask=mask,
+        advantages=advantages,
+        generator_logprobs=generator_logprobs,
+        ref_logprobs=ref_logprobs,
+    )
+
+
 def per_token(advantages: torch.Tensor) -> list[list[float]]:
     return (advantages[:, None].expand(B, T) if advantages.dim() == 1 else advantages).tolist()
 
@@ -175,7 +186,9 @@ def test_policy_loss_matches_reference(name, params, advantage_kind, with_ref):
     logits, targets, advantages, generator_logprobs, ref_logprobs = case_inputs(
         name, params, advantage_kind, with_ref
     )
-    out = build_loss(name, **params)(logits, targets, advantages, generator_logprobs, MASK, ref_logprobs)
+    out = build_loss(name, **params)(
+        logits, policy_batch(targets, advantages, generator_logprobs, MASK, ref_logprobs)
+    )
 
     temperature = params.get("temperature", 1.0)
     rows = logits.tolist()
@@ -203,21 +216,23 @@ def test_policy_loss_matches_reference(name, params, advantage_kind, with_ref):
 def test_policy_losses_see_the_off_policy_ratio():
     """The ratio is against the generator's logprobs, not a detached copy of the trainer's (always 1)."""
     logits, targets, generator_logprobs, _ = make_batch()
-    out = GRPOLoss()(logits, targets, SEQ_ADVANTAGES, generator_logprobs, MASK)
+    out = GRPOLoss()(logits, policy_batch(targets, SEQ_ADVANTAGES, generator_logprobs, MASK))
     assert out.metrics["loss/ratio_max"] == pytest.approx(math.exp(0.6), rel=1e-9)
     assert out.metrics["loss/clip_frac_high"] > 0 and out.metrics["loss/clip_frac_low"] > 0
 
 
 def test_grpo_reports_pg_and_kl_that_add_up_to_the_loss():
     logits, targets, generator_logprobs, ref_logprobs = make_batch()
-    out = GRPOLoss(beta=0.3)(logits, targets, SEQ_ADVANTAGES, generator_logprobs, MASK, ref_logprobs)
+    out = GRPOLoss(beta=0.3)(
+        logits, policy_batch(targets, SEQ_ADVANTAGES, generator_logprobs, MASK, ref_logprobs)
+    )
     assert out.loss.item() == pytest.approx(out.metrics["loss/pg"] + 0.3 * out.metrics["loss/kl"], rel=1e-12)
 
 
 def test_dapo_drops_and_counts_tokens_with_nonfinite_generator_logprobs():
     logits, targets, generator_logprobs, _ = make_batch()
     generator_logprobs[1, 3], generator_logprobs[2, 0] = -math.inf, math.nan
-    out = DAPOLoss()(logits, targets, SEQ_ADVANTAGES, generator_logprobs, MASK)
+    out = DAPOLoss()(logits, policy_batch(targets, SEQ_ADVANTAGES, generator_logprobs, MASK))
     rows = logits.tolist()
     logprobs = [[ref_logprob(rows[b][t], int(targets[b, t])) for t in range(T)] for b in range(B)]
     want_loss, want_metrics = ref_policy_loss(
@@ -232,7 +247,7 @@ def test_dapo_drops_and_counts_tokens_with_nonfinite_generator_logprobs():
 def test_sft_loss_matches_reference():
     logits, targets, _, _ = make_batch()
     targets[0, 1] = int(logits[0, 1].argmax())  # at least one correct prediction
-    out = SFTLoss()(logits, targets, loss_mask=MASK)
+    out = SFTLoss()(logits, PolicyBatch(target_ids=targets, loss_mask=MASK))
     rows = logits.tolist()
     nll = [[-ref_logprob(rows[b][t], int(targets[b, t])) for t in range(T)] for b in range(B)]
     correct = [
@@ -249,7 +264,7 @@ def test_sft_loss_matches_reference():
         },
         rel=1e-12,
     )
-    all_tokens = SFTLoss(agg_type="sequence_sum")(logits, targets)  # no mask: every token counts
+    all_tokens = SFTLoss(agg_type="sequence_sum")(logits, PolicyBatch(targets, torch.ones(B, T)))
     assert all_tokens.loss.item() == pytest.approx(
         ref_aggregate(nll, [[1] * T] * B, "sequence_sum"), rel=1e-12
     )
@@ -268,7 +283,9 @@ def test_policy_loss_gradient_matches_reference(name, params, advantage_kind, wi
     _, _, advantages, generator_logprobs, ref_logprobs = case_inputs(name, params, advantage_kind, with_ref)
     logprobs = (generator_logprobs + LOG_RATIO).requires_grad_()
     loss_fn = build_loss(name, **params)
-    loss_fn.loss_from_logprobs(logprobs, advantages, generator_logprobs, MASK, ref_logprobs).loss.backward()
+    loss_fn.loss_from_logprobs(
+        logprobs, policy_batch(None, advantages, generator_logprobs, MASK, ref_logprobs)
+    ).loss.backward()
 
     base = logprobs.tolist()
     args = (
@@ -293,7 +310,7 @@ def test_cispo_keeps_the_gradient_of_clipped_tokens():
     _, _, generator_logprobs, _ = make_batch()
     logprobs = (generator_logprobs + LOG_RATIO).requires_grad_()
     CISPOLoss(clip_high=0.1).loss_from_logprobs(
-        logprobs, SEQ_ADVANTAGES, generator_logprobs, MASK
+        logprobs, policy_batch(None, SEQ_ADVANTAGES, generator_logprobs, MASK)
     ).loss.backward()
     tokens = int(MASK.sum())
     # token (0, 1) has ratio e^0.3 > 1.1 with A = 1: PPO-clip would drop it, CISPO weighs it by 1.1
@@ -309,7 +326,7 @@ def test_grpo_clip_boundaries_at_the_loss_level(advantage):
     zeros = torch.zeros_like(logprobs)
     advantages = torch.full((len(ratios),), advantage, dtype=torch.float64)
     out = GRPOLoss(clip_low=clip, clip_high=clip).loss_from_logprobs(
-        logprobs, advantages, zeros, torch.ones_like(zeros)
+        logprobs, policy_batch(None, advantages, zeros, torch.ones_like(zeros))
     )
     out.loss.backward()
     n = len(ratios)
@@ -346,7 +363,7 @@ def test_grpo_gradcheck():
     loss_fn = GRPOLoss(beta=0.1)
 
     def loss(x):
-        return loss_fn(x, targets, advantages, generator_logprobs, mask, ref_logprobs).loss
+        return loss_fn(x, policy_batch(targets, advantages, generator_logprobs, mask, ref_logprobs)).loss
 
     assert torch.autograd.gradcheck(loss, (logits,))
 
@@ -363,10 +380,15 @@ def test_gspo_gradcheck():
     loss_fn = GSPOLoss(clip_low=0.1, clip_high=0.1)
 
     def loss(x):
-        return loss_fn(x, targets, advantages, generator_logprobs, mask).loss
+        return loss_fn(x, policy_batch(targets, advantages, generator_logprobs, mask)).loss
 
     assert torch.autograd.gradcheck(loss, (logits,))
-    assert loss_fn(logits, targets, advantages, generator_logprobs, mask).metrics["loss/clip_frac_high"] > 0
+    assert (
+        loss_fn(logits, policy_batch(targets, advantages, generator_logprobs, mask)).metrics[
+            "loss/clip_frac_high"
+        ]
+        > 0
+    )
 
 
 def test_cispo_gradcheck():
@@ -384,7 +406,7 @@ def test_cispo_gradcheck():
         generator_logprobs = (
             torch.log_softmax(x, -1).gather(-1, targets[..., None])[..., 0].detach() - log_ratio
         )
-        return loss_fn(x, targets, advantages, generator_logprobs, mask).loss
+        return loss_fn(x, policy_batch(targets, advantages, generator_logprobs, mask)).loss
 
     assert torch.autograd.gradcheck(loss, (logits,))
 
@@ -400,7 +422,7 @@ def test_padded_positions_change_nothing(name):
 
     def run(logits, targets, advantages, generator_logprobs, ref_logprobs):
         logits = logits.clone().requires_grad_()
-        out = loss_fn(logits, targets, advantages, generator_logprobs, MASK, ref_logprobs)
+        out = loss_fn(logits, policy_batch(targets, advantages, generator_logprobs, MASK, ref_logprobs))
         out.loss.backward()
         return out, logits.grad
 
@@ -462,7 +484,7 @@ def test_build_loss_names_the_unknown_loss_and_the_known_ones():
 def test_grpo_with_beta_needs_ref_logprobs():
     logits, targets, generator_logprobs, _ = make_batch()
     with pytest.raises(ValueError, match=r"GRPOLoss\(beta=0.1\) needs ref_logprobs"):
-        GRPOLoss(beta=0.1)(logits, targets, SEQ_ADVANTAGES, generator_logprobs, MASK)
+        GRPOLoss(beta=0.1)(logits, policy_batch(targets, SEQ_ADVANTAGES, generator_logprobs, MASK))
 
 
 @pytest.mark.parametrize(
@@ -488,23 +510,21 @@ def test_policy_loss_shape_mismatch_names_the_shapes(field, bad, message):
     with pytest.raises(ValueError, match=message):
         GRPOLoss(beta=0.1)(
             logits,
-            inputs["targets"],
-            inputs["advantages"],
-            inputs["generator"],
-            inputs["mask"],
-            inputs["ref"],
+            policy_batch(
+                inputs["targets"], inputs["advantages"], inputs["generator"], inputs["mask"], inputs["ref"]
+            ),
         )
 
 
 def test_sft_shape_mismatch_names_the_shapes():
     logits, targets, _, _ = make_batch()
     with pytest.raises(ValueError, match=r"target_ids \(3, 5\), loss_mask \(3, 4\)"):
-        SFTLoss()(logits, targets, loss_mask=MASK[:, :4])
+        SFTLoss()(logits, PolicyBatch(targets, MASK[:, :4]))
 
 
 def test_loss_output_holds_detached_tensors_and_converts_them_once():
     logits, targets, generator_logprobs, _ = make_batch()
-    out = GRPOLoss()(logits.requires_grad_(), targets, SEQ_ADVANTAGES, generator_logprobs, MASK)
+    out = GRPOLoss()(logits.requires_grad_(), policy_batch(targets, SEQ_ADVANTAGES, generator_logprobs, MASK))
     assert isinstance(out, LossOutput) and out.loss.requires_grad and out.loss.dim() == 0
     assert all(t.dim() == 0 and not t.requires_grad for t in out.metric_tensors.values())
     assert all(type(v) is float for v in out.metrics.values())

@@ -1,8 +1,10 @@
-"""A minimal loss for TitanEngine tests: the engine only needs `.loss` and `.metrics`."""
+"""A minimal loss and batch builder for TitanEngine tests: the engine only needs `.loss` and `.metrics`."""
 
 from dataclasses import dataclass
 
 import torch
+
+from forge.rl.batch import PolicyBatch
 
 
 @dataclass
@@ -11,10 +13,17 @@ class LossOutput:
     metrics: dict
 
 
-def masked_ce(logits: torch.Tensor, batch: dict) -> LossOutput:
+def lm_batch(sequences: torch.Tensor, loss_mask: torch.Tensor | None = None) -> PolicyBatch:
+    """Next-token prediction on ``sequences [B, L]``: the model reads ``[:, :-1]`` and predicts
+    ``[:, 1:]`` where ``loss_mask [B, L]`` (default: everywhere) is set."""
+    mask = torch.ones_like(sequences, dtype=torch.bool) if loss_mask is None else loss_mask
+    return PolicyBatch(target_ids=sequences[:, 1:], loss_mask=mask[:, 1:], tokens=sequences[:, :-1])
+
+
+def masked_ce(logits: torch.Tensor, batch: PolicyBatch) -> LossOutput:
     """Next-token cross entropy over the positions where loss_mask is set."""
-    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    nll = -logprobs.gather(-1, batch["tokens"][:, 1:].unsqueeze(-1)).squeeze(-1)
-    mask = batch["loss_mask"][:, 1:].float()
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    nll = -logprobs.gather(-1, batch.target_ids.unsqueeze(-1)).squeeze(-1)
+    mask = batch.loss_mask.float()
     loss = (nll * mask).sum() / mask.sum()
     return LossOutput(loss, {"loss/nll": loss.detach()})

@@ -6,7 +6,9 @@ import torch
 from monarch.actor import endpoint
 
 from forge.controller import ForgeActor
+from forge.data.types import Completion
 from forge.engines.titan.config import TitanEngineConfig
+from forge.rl.batch import pad_sequences, response_rows
 
 
 class ReferenceModel(ForgeActor):
@@ -21,10 +23,14 @@ class ReferenceModel(ForgeActor):
         self.engine = TitanEngine(self.engine_config, trainable=False)
 
     @endpoint
-    async def forward(self, tokens: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
-        """`[B, T]` logprobs of `target_ids` given `tokens` (see `forge.data.episode_batch`)."""
+    async def forward(self, completions: list[Completion]) -> list[list[float]]:
+        """Per completion, the logprob of each response token given the tokens before it."""
         from forge.rl.ops import compute_logprobs
 
+        tokens, target_ids, loss_mask = pad_sequences(
+            [c.prompt_ids for c in completions], [c.response_ids for c in completions], pad_id=0
+        )
         with torch.no_grad():
             logits = self.engine.forward(tokens)
-            return compute_logprobs(logits, target_ids.to(logits.device), self.temperature).cpu()
+            logprobs = compute_logprobs(logits, target_ids.to(logits.device), self.temperature).cpu()
+        return response_rows(logprobs, loss_mask)

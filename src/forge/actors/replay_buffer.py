@@ -8,9 +8,9 @@ from pathlib import Path
 from monarch.actor import endpoint
 
 from forge.controller import ForgeActor
-from forge.data.episode_batch import collate_episodes
 from forge.data.episode_buffer import EpisodeBuffer, ReplayBufferConfig
 from forge.data.types import Episode
+from forge.rl.batch import PolicyBatch
 
 
 class ReplayBuffer(ForgeActor):
@@ -35,9 +35,8 @@ class ReplayBuffer(ForgeActor):
             self.buffer.add(episode)
 
     @endpoint
-    async def sample(self, curr_policy_version: int) -> tuple[list[dict], list[dict], list[int]] | None:
-        """`(inputs, targets, policy_versions)`, one inputs/targets dict per dp rank, or None
-        while too few fresh episodes are buffered."""
+    async def sample(self, curr_policy_version: int) -> list[PolicyBatch] | None:
+        """One batch per data-parallel rank, or None while too few fresh episodes are buffered."""
         per_rank = self.buffer.sample(curr_policy_version)
         if per_rank is None:
             return None
@@ -47,9 +46,7 @@ class ReplayBuffer(ForgeActor):
                 json.dumps({"policy_version": curr_policy_version, "episode_ids": ids}) + "\n"
             )
             self._batches_file.flush()
-        collated = [collate_episodes(episodes, self.pad_id) for episodes in per_rank]
-        versions = [ep.policy_version for episodes in per_rank for ep in episodes]
-        return [c[0] for c in collated], [c[1] for c in collated], versions
+        return [PolicyBatch.from_episodes(episodes, self.pad_id) for episodes in per_rank]
 
     @endpoint
     async def state_dict(self) -> dict:

@@ -14,6 +14,7 @@ from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.engines.titan.config import TitanEngineConfig
 from forge.observability import Reduce, record_metric
+from forge.rl.batch import PolicyBatch
 
 
 class LossConfig(ForgeConfigModel):
@@ -48,37 +49,21 @@ class TitanTrainer(ForgeActor):
         self.loss_fn = build_loss(self.loss_config.name, **self.loss_config.params)
         self.rank = current_rank().rank
 
-    def _loss(self, logits, batch):
-        return self.loss_fn(
-            logits,
-            batch["target_ids"],
-            batch.get("advantages"),
-            batch.get("generator_logprobs"),
-            batch.get("loss_mask"),
-            ref_logprobs=batch.get("ref_logprobs"),
-        )
-
-    def _rank_batch(self, inputs: list[dict], targets: list[dict]) -> dict:
-        """This rank's share, as one dict; absent optional targets (None) are left out."""
-        return {**inputs[self.rank], **{k: v for k, v in targets[self.rank].items() if v is not None}}
-
     @endpoint
-    async def train_step(self, inputs: list[dict], targets: list[dict]) -> dict[str, float]:
-        """One optimizer step; `inputs[r]`/`targets[r]` is data-parallel rank r's share."""
-        batch = self._rank_batch(inputs, targets)
-        metrics = self.engine.train_step(batch, self._loss)
+    async def train_step(self, batches: list[PolicyBatch]) -> dict[str, float]:
+        """One optimizer step; ``batches[r]`` is data-parallel rank r's share (the ranks of a
+        tensor-parallel group read the same one)."""
+        metrics = self.engine.train_step(batches[self.engine.dp_rank], self.loss_fn)
         if self.rank == 0:
             for key, value in metrics.items():
                 record_metric(key, value, Reduce.MEAN)
         return metrics
 
     @endpoint
-    async def evaluate(self, inputs: list[dict], targets: list[dict]) -> dict[str, float]:
-        """The loss and its metrics on a batch, without a gradient step."""
-        batch = self._rank_batch(inputs, targets)
-        out = self._loss(
-            self.engine.forward(batch["tokens"]), {k: v.to(self.engine.device) for k, v in batch.items()}
-        )
+    async def evaluate(self, batches: list[PolicyBatch]) -> dict[str, float]:
+        """The loss and its metrics on this rank's share, without a gradient step."""
+        batch = batches[self.engine.dp_rank]
+        out = self.loss_fn(self.engine.forward(batch.tokens), batch.to(self.engine.device))
         return {
             "eval/loss": out.loss.item(),
             **{f"eval/{k.split('/', 1)[-1]}": v for k, v in out.metrics.items()},

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from forge.actors.trainer import TitanTrainer
-from forge.data.episode_batch import collate_episodes
 from forge.data.types import Completion, Episode
 from forge.observability import MetricsConfig, Reduce, get_metric_logger, record_metric
 from forge.observability.progress import Progress
 from forge.observability.rollouts import batches_path, decode_floats, decode_ids, read_records
+from forge.rl.batch import PolicyBatch
 
 
 def episode_from_record(record: dict) -> Episode:
@@ -97,8 +97,9 @@ async def replay_training(
     try:
         for step, per_rank in enumerate(batches, start=1):
             started = time.perf_counter()
-            collated = [collate_episodes(episodes, pad_id) for episodes in per_rank]
-            await trainer.train_step.call([c[0] for c in collated], [c[1] for c in collated])
+            await trainer.train_step.call(
+                [PolicyBatch.from_episodes(episodes, pad_id) for episodes in per_rank]
+            )
             for episode in (e for episodes in per_rank for e in episodes):
                 record_metric("rollout/reward", episode.reward, Reduce.MEAN)
             record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)

@@ -24,6 +24,7 @@ from forge.data.toy_task import ToyTaskConfig, make_splits, write_jsonl
 from forge.engines.generation import SamplingParams
 from forge.engines.hf_generate import HFGenerateEngine
 from forge.observability import record_metric
+from forge.rl.batch import PolicyBatch
 
 
 class SFTRecipeDataConfig(SFTDataConfig):
@@ -96,8 +97,8 @@ def load_tokenizer(tokenizer_path: str | None) -> PreTrainedTokenizerBase:
         raise OSError(f"tokenizer_path '{tokenizer_path}': cannot load a tokenizer: {error}") from None
 
 
-def split_for_ranks(batch: dict[str, torch.Tensor], ranks: int) -> tuple[list[dict], list[dict]]:
-    """A batch from the SFT loader as the trainer's ``inputs``, ``targets`` lists (one share per rank).
+def split_for_ranks(batch: dict[str, torch.Tensor], ranks: int) -> list[PolicyBatch]:
+    """A batch from the SFT loader as the trainer's ``PolicyBatch`` list (one share per rank).
 
     Every rank needs at least one row (an evaluation batch may be shorter than ``ranks``): missing
     rows are filled with copies of row 0 whose loss mask is zero, so they weigh nothing.
@@ -107,12 +108,15 @@ def split_for_ranks(batch: dict[str, torch.Tensor], ranks: int) -> tuple[list[di
         fill = ranks - rows % ranks
         batch = {name: torch.cat([t, t[:1].expand(fill, *t.shape[1:])]) for name, t in batch.items()}
         batch["loss_mask"][rows:] = 0
-    inputs = [{"tokens": t} for t in batch["input_ids"].chunk(ranks)]
-    targets = [
-        {"target_ids": ids, "loss_mask": mask}
-        for ids, mask in zip(batch["target_ids"].chunk(ranks), batch["loss_mask"].chunk(ranks), strict=True)
+    return [
+        PolicyBatch(target_ids=ids, loss_mask=mask, tokens=tokens)
+        for tokens, ids, mask in zip(
+            batch["input_ids"].chunk(ranks),
+            batch["target_ids"].chunk(ranks),
+            batch["loss_mask"].chunk(ranks),
+            strict=True,
+        )
     ]
-    return inputs, targets
 
 
 def rank_values(value_mesh) -> list[Any]:
@@ -129,10 +133,10 @@ async def evaluate_loss(trainer, data: SFTData, batch_size: int, ranks: int) -> 
     """
     tokens = loss_sum = correct_sum = 0.0
     for batch in eval_batches(data.eval, batch_size=batch_size, pad_id=data.pad_id):
-        inputs, targets = split_for_ranks(batch, ranks)
-        results = rank_values(await trainer.evaluate.call(inputs, targets))
-        for metrics, target in zip(results, targets, strict=True):
-            count = float(target["loss_mask"].sum())
+        shares = split_for_ranks(batch, ranks)
+        results = rank_values(await trainer.evaluate.call(shares))
+        for metrics, share in zip(results, shares, strict=True):
+            count = float(share.loss_mask.sum())
             tokens += count
             loss_sum += metrics["eval/loss"] * count
             correct_sum += metrics["eval/token_accuracy"] * count

@@ -41,6 +41,7 @@ from forge.engines.titan.hf import (
 from forge.engines.titan.job_config import build_job_config
 from forge.engines.titan.parallelize import build_parallel_dims, parallelize
 from forge.engines.titan.runtime import init_runtime
+from forge.rl.batch import PolicyBatch
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class LossOutput(Protocol):
     """Scalars to report, e.g. ``{"loss/kl": ...}``; averaged over microbatches and ranks."""
 
 
-LossFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], LossOutput]
+LossFn = Callable[[torch.Tensor, PolicyBatch], LossOutput]
 
 
 class TitanEngine:
@@ -140,28 +141,40 @@ class TitanEngine:
         with self._compute_context():
             return self.model(tokens.to(self.device))
 
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index among the data-parallel ranks (the ranks of a TP group share it)."""
+        if not self.parallel_dims.dp_enabled:
+            return 0
+        return self.parallel_dims.get_mesh("batch").get_local_rank()
+
+    @property
+    def dp_size(self) -> int:
+        return self.parallel_dims.dp_replicate * self.parallel_dims.dp_shard
+
     def train_step(
-        self, batch: dict[str, torch.Tensor], loss_fn: LossFn, microbatch_size: int | None = None
+        self, batch: PolicyBatch, loss_fn: LossFn, microbatch_size: int | None = None
     ) -> dict[str, float]:
         """One optimizer step on this rank's ``batch``.
 
-        ``batch["tokens"]`` ``[B, T]`` is the model input; every value is a tensor with leading
-        dimension B. It is split into microbatches of ``microbatch_size`` (default
-        ``training.microbatch_size``, else all of B) whose gradients accumulate; ``loss_fn``
-        sees each microbatch's logits and dict. The gradient is that of the mean of the
+        ``batch.tokens`` ``[B, T]`` is the model input. The batch is split into microbatches of
+        ``microbatch_size`` rows (default ``training.microbatch_size``, else all of B) whose
+        gradients accumulate; ``loss_fn`` sees each microbatch's logits and batch. The gradient is that of the mean of the
         microbatch losses over all microbatches of all data-parallel ranks.
         """
         self._require_trainable("train_step")
-        microbatches = split_microbatches(batch, microbatch_size or self.config.training.microbatch_size)
+        if batch.tokens is None:
+            raise ValueError("train_step needs batch.tokens, the model's input")
+        microbatches = batch.split(microbatch_size or self.config.training.microbatch_size)
         loss_scale = 1.0 / (len(microbatches) * self._grad_sum_ranks)
         lr = self.lr_schedulers.schedulers[0].get_last_lr()[0]
 
         self.optimizers.zero_grad()
         sums: dict[str, float | torch.Tensor] = {}
         for microbatch in microbatches:
-            microbatch = {k: v.to(self.device) for k, v in microbatch.items()}
+            microbatch = microbatch.to(self.device)
             with self._compute_context():
-                logits = self.model(microbatch["tokens"])
+                logits = self.model(microbatch.tokens)
                 out = loss_fn(logits, microbatch)
             del logits  # free before backward, as torchtitan does
             (out.loss * loss_scale).backward()
@@ -176,7 +189,7 @@ class TitanEngine:
         self.step += 1
 
         means = {name: float(total) / len(microbatches) for name, total in sums.items()}
-        metrics, tokens = self._average_over_data_parallel(means, batch["tokens"].numel())
+        metrics, tokens = self._average_over_data_parallel(means, batch.tokens.numel())
         metrics.update(
             {
                 "train/grad_norm": grad_norm.item(),
@@ -268,24 +281,6 @@ class TitanEngine:
         if self._checkpointer is None:
             raise ValueError("checkpointing needs checkpoint.folder in the engine config")
         return self._checkpointer
-
-
-def split_microbatches(
-    batch: dict[str, torch.Tensor], microbatch_size: int | None
-) -> list[dict[str, torch.Tensor]]:
-    """Slices of ``microbatch_size`` rows (None: all rows) of every tensor in ``batch``."""
-    if "tokens" not in batch:
-        raise KeyError(f"batch needs a 'tokens' tensor [B, T]; got keys {sorted(batch)}")
-    size = batch["tokens"].shape[0]
-    for name, value in batch.items():
-        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != size:
-            raise ValueError(f"batch[{name!r}] must be a tensor with leading dimension B={size}")
-    microbatch_size = microbatch_size or size
-    if size % microbatch_size:
-        raise ValueError(f"batch size {size} is not a multiple of microbatch_size {microbatch_size}")
-    return [
-        {k: v[i : i + microbatch_size] for k, v in batch.items()} for i in range(0, size, microbatch_size)
-    ]
 
 
 def _gather(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Losses for RL post-training and SFT, built by name from the app config.
 
 ``build_loss("grpo", clip_low=0.1)`` is what ``loss.name: grpo`` / ``loss.params: {...}`` becomes;
-every loss is called as ``loss_fn(logits, target_ids, advantages, generator_logprobs, loss_mask,
-ref_logprobs=None) -> LossOutput``.
+every loss is called as ``loss_fn(logits, batch) -> LossOutput`` with a
+``forge.rl.batch.PolicyBatch``.
 """
 
 from typing import Any

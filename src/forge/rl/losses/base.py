@@ -1,8 +1,9 @@
 """What every loss shares: pydantic configs, the output type, and the call signature.
 
 A loss is built from its config (``GRPOLoss(clip_low=0.1)``, ``GRPOLoss.from_config({...})``)
-and called as ``loss_fn(logits, target_ids, advantages, generator_logprobs, loss_mask,
-ref_logprobs=None) -> LossOutput``. The call is pure tensor code, so ``torch.compile(loss_fn,
+and called as ``loss_fn(logits, batch) -> LossOutput`` with a ``forge.rl.batch.PolicyBatch``
+(on plain tensors: ``PolicyBatch(target_ids=..., loss_mask=..., advantages=...,
+generator_logprobs=...)``). The call is pure tensor code, so ``torch.compile(loss_fn,
 fullgraph=True)`` compiles it whole: metrics stay 0-d tensors until ``LossOutput.metrics`` is read.
 """
 
@@ -16,6 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 from torch import Tensor
 
+from forge.rl.batch import PolicyBatch
 from forge.rl.ops import (
     AggMode,
     aggregate,
@@ -86,15 +88,7 @@ class Loss(ABC):
         return f"{type(self).__name__}({params})"
 
     @abstractmethod
-    def __call__(
-        self,
-        logits: Tensor,
-        target_ids: Tensor,
-        advantages: Tensor | None,
-        generator_logprobs: Tensor | None,
-        loss_mask: Tensor | None,
-        ref_logprobs: Tensor | None = None,
-    ) -> LossOutput: ...
+    def __call__(self, logits: Tensor, batch: PolicyBatch) -> LossOutput: ...
 
 
 def token_fraction(flags: Tensor, response: Tensor) -> Tensor:
@@ -124,58 +118,37 @@ class PolicyLoss(Loss):
 
     config: PolicyLossConfig
 
-    def __call__(
-        self,
-        logits: Tensor,
-        target_ids: Tensor,
-        advantages: Tensor,
-        generator_logprobs: Tensor,
-        loss_mask: Tensor,
-        ref_logprobs: Tensor | None = None,
-    ) -> LossOutput:
+    def __call__(self, logits: Tensor, batch: PolicyBatch) -> LossOutput:
         where = type(self).__name__
-        check_logits(where, logits, target_ids)
-        check_same_shape(where, target_ids=target_ids, loss_mask=loss_mask)
-        response = loss_mask != 0
+        check_logits(where, logits, batch.target_ids)
+        check_same_shape(where, target_ids=batch.target_ids, loss_mask=batch.loss_mask)
+        response = batch.loss_mask != 0
         # Padded targets may hold an ignore index such as -100; any valid id does there.
-        target_ids = torch.where(response, target_ids, 0)
+        target_ids = torch.where(response, batch.target_ids, 0)
         logprobs = compute_logprobs(logits, target_ids, self.config.temperature)
-        loss, metrics = self._loss_and_metrics(
-            logprobs, advantages, generator_logprobs, response, ref_logprobs
-        )
+        loss, metrics = self._loss_and_metrics(logprobs, batch)
         with torch.no_grad():
             metrics["loss/entropy"] = compute_entropy(logits.detach(), response, self.config.temperature)[1]
         return LossOutput(loss, metrics)
 
-    def loss_from_logprobs(
-        self,
-        logprobs: Tensor,
-        advantages: Tensor,
-        generator_logprobs: Tensor,
-        loss_mask: Tensor,
-        ref_logprobs: Tensor | None = None,
-    ) -> LossOutput:
-        """The same loss from the trainer's logprobs ``[B, T]`` (no entropy metric without logits)."""
-        loss, metrics = self._loss_and_metrics(
-            logprobs, advantages, generator_logprobs, loss_mask != 0, ref_logprobs
-        )
-        return LossOutput(loss, metrics)
+    def loss_from_logprobs(self, logprobs: Tensor, batch: PolicyBatch) -> LossOutput:
+        """The same loss from the trainer's logprobs ``[B, T]`` (no entropy metric without logits);
+        ``batch.target_ids`` is not read."""
+        return LossOutput(*self._loss_and_metrics(logprobs, batch))
 
-    def _loss_and_metrics(
-        self,
-        logprobs: Tensor,
-        advantages: Tensor,
-        generator_logprobs: Tensor,
-        response: Tensor,
-        ref_logprobs: Tensor | None,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def _loss_and_metrics(self, logprobs: Tensor, batch: PolicyBatch) -> tuple[Tensor, dict[str, Tensor]]:
         where = type(self).__name__
+        for name in ("advantages", "generator_logprobs"):
+            if getattr(batch, name) is None:
+                raise ValueError(f"{where} needs batch.{name}")
+        generator_logprobs, ref_logprobs = batch.generator_logprobs, batch.ref_logprobs
+        response = batch.loss_mask != 0
         shapes = {"logprobs": logprobs, "generator_logprobs": generator_logprobs, "loss_mask": response}
         if ref_logprobs is not None:
             shapes["ref_logprobs"] = ref_logprobs
         check_same_shape(where, **shapes)
         # Zeroed where masked, so that a NaN advantage on padding cannot reach a gradient.
-        advantages = torch.where(response, broadcast_advantages(advantages, logprobs.shape), 0.0)
+        advantages = torch.where(response, broadcast_advantages(batch.advantages, logprobs.shape), 0.0)
         terms = self._token_terms(logprobs, advantages, generator_logprobs, response, ref_logprobs)
         loss = self._aggregate(terms.loss, terms.response)
         with torch.no_grad():

@@ -3,6 +3,7 @@
 import torch
 from torch import Tensor
 
+from forge.rl.batch import PolicyBatch
 from forge.rl.losses.base import AggregatedLossConfig, Loss, LossOutput
 from forge.rl.ops import aggregate, check_logits, check_same_shape, compute_logprobs
 
@@ -14,31 +15,20 @@ class SFTLossConfig(AggregatedLossConfig):
 class SFTLoss(Loss):
     """Masked cross-entropy, ``loss = agg_t[-log p(y_t)]`` over the tokens where ``loss_mask`` is set.
 
-    Call it as ``sft(logits, target_ids, loss_mask=mask)``; ``loss_mask=None`` counts every token.
-    ``advantages``, ``generator_logprobs`` and ``ref_logprobs`` are accepted so that a trainer can
-    call every loss the same way, and ignored. Metrics: ``sft/loss``, ``sft/token_accuracy``
+    Call it as ``sft(logits, PolicyBatch(target_ids=targets, loss_mask=mask))``; the batch's other
+    fields are not read. Metrics: ``sft/loss``, ``sft/token_accuracy``
     (argmax equals target) and ``sft/perplexity`` (exp of the token-mean cross-entropy).
     """
 
     config_class = SFTLossConfig
     config: SFTLossConfig
 
-    def __call__(
-        self,
-        logits: Tensor,
-        target_ids: Tensor,
-        advantages: Tensor | None = None,
-        generator_logprobs: Tensor | None = None,
-        loss_mask: Tensor | None = None,
-        ref_logprobs: Tensor | None = None,
-    ) -> LossOutput:
-        check_logits("SFTLoss", logits, target_ids)
-        if loss_mask is None:
-            loss_mask = torch.ones_like(target_ids, dtype=torch.bool)
-        check_same_shape("SFTLoss", target_ids=target_ids, loss_mask=loss_mask)
-        response = loss_mask != 0
+    def __call__(self, logits: Tensor, batch: PolicyBatch) -> LossOutput:
+        check_logits("SFTLoss", logits, batch.target_ids)
+        check_same_shape("SFTLoss", target_ids=batch.target_ids, loss_mask=batch.loss_mask)
+        response = batch.loss_mask != 0
         # Padded targets may hold an ignore index such as -100; any valid id does there.
-        target_ids = torch.where(response, target_ids, 0)
+        target_ids = torch.where(response, batch.target_ids, 0)
         nll = -compute_logprobs(logits, target_ids)
         loss = aggregate(nll, response, self.config.agg_type, self.config.horizon)
         with torch.no_grad():

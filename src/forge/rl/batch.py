@@ -1,0 +1,138 @@
+"""``PolicyBatch``: one data-parallel rank's training batch, the record a loss is called with.
+
+It lives in ``forge.rl`` (pure torch) because every loss takes it; ``from_episodes`` reads
+``forge.data.types.Episode`` records by attribute only.
+
+For an episode with prompt ids p (length P) and response ids r (length R) the sequence is
+s = p + r. The model reads ``tokens = s[:-1]`` and ``logits[:, t]`` predicts
+``target_ids[:, t] = s[t + 1]``, so the response tokens are the targets at positions
+``P - 1 .. P + R - 2``: that is where ``loss_mask`` is 1 and where the generator's (and
+reference's) per-token logprobs are placed. Rows are right-padded to the longest one.
+
+The replay buffer builds one batch per data-parallel rank (``PolicyBatch.from_episodes``);
+the trainer splits it into microbatches and calls ``loss(logits, microbatch)``. On plain
+tensors (a notebook), build one directly: ``PolicyBatch(target_ids=..., loss_mask=...,
+advantages=..., generator_logprobs=...)``. It is a dataclass of tensors, so it pickles
+across processes as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from forge.data.types import Episode
+
+
+@dataclass
+class PolicyBatch:
+    """Tensors ``[B, T]`` unless noted; optional fields are None when a loss does not need them."""
+
+    target_ids: Tensor
+    """What ``logits[:, t]`` scores (the caller already shifted)."""
+    loss_mask: Tensor
+    """Non-zero on the tokens that carry loss (response tokens), zero on prompt and padding."""
+    tokens: Tensor | None = None
+    """The model's input; a loss never reads it (None is fine on plain tensors)."""
+    advantages: Tensor | None = None
+    """``[B]`` per sequence or ``[B, T]`` per token."""
+    generator_logprobs: Tensor | None = None
+    """Logprobs of ``target_ids`` under the distribution the generator sampled them from."""
+    ref_logprobs: Tensor | None = None
+    """The reference model's logprobs of ``target_ids`` (for a KL term)."""
+    policy_versions: Tensor | None = None
+    """``[B]`` the policy version that generated each row."""
+
+    @classmethod
+    def from_episodes(cls, episodes: Sequence[Episode], pad_id: int) -> PolicyBatch:
+        """Pads the episodes into one batch; ``ref_logprobs`` only when every episode has them."""
+        if not episodes:
+            raise ValueError("PolicyBatch.from_episodes needs at least one episode")
+        completions = [ep.completion for ep in episodes]
+        tokens, target_ids, loss_mask = pad_sequences(
+            [c.prompt_ids for c in completions], [c.response_ids for c in completions], pad_id
+        )
+        with_ref = all(ep.ref_logprobs is not None for ep in episodes)
+        return cls(
+            target_ids=target_ids,
+            loss_mask=loss_mask,
+            tokens=tokens,
+            advantages=torch.tensor([ep.advantage for ep in episodes], dtype=torch.float32),
+            generator_logprobs=place_responses([c.logprobs for c in completions], loss_mask),
+            ref_logprobs=place_responses([ep.ref_logprobs for ep in episodes], loss_mask)
+            if with_ref
+            else None,
+            policy_versions=torch.tensor([ep.policy_version for ep in episodes], dtype=torch.long),
+        )
+
+    @property
+    def num_rows(self) -> int:
+        return self.target_ids.shape[0]
+
+    def _map_rows(self, fn) -> PolicyBatch:
+        """A batch whose every tensor field is ``fn(tensor)`` (None stays None)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return PolicyBatch(**{name: None if t is None else fn(t) for name, t in fields.items()})
+
+    def to(self, device: torch.device | str) -> PolicyBatch:
+        return self._map_rows(lambda t: t.to(device))
+
+    def split(self, microbatch_size: int | None) -> list[PolicyBatch]:
+        """Microbatches of ``microbatch_size`` rows each (None: the whole batch)."""
+        self.check()
+        size = microbatch_size or self.num_rows
+        if self.num_rows % size:
+            raise ValueError(f"batch size {self.num_rows} is not a multiple of microbatch_size {size}")
+        return [self._map_rows(lambda t, i=i: t[i : i + size]) for i in range(0, self.num_rows, size)]
+
+    def check(self) -> None:
+        """Raises ValueError unless every field has the batch's B rows (and T columns where [B, T])."""
+        shape = tuple(self.target_ids.shape)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            per_row = f.name in ("advantages", "policy_versions") and value.dim() == 1
+            if (value.shape[0] != shape[0]) if per_row else (tuple(value.shape) != shape):
+                want = f"[{shape[0]}]" if per_row else str(list(shape))
+                raise ValueError(f"PolicyBatch.{f.name} has shape {list(value.shape)}, expected {want}")
+
+
+def pad_sequences(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``tokens``, ``target_ids`` (long) and ``loss_mask`` (float32, 1 on response targets)."""
+    width = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True)) - 1
+    tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    target_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(len(prompts), width)
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        seq = torch.tensor([*prompt, *response], dtype=torch.long)
+        tokens[i, : len(seq) - 1] = seq[:-1]
+        target_ids[i, : len(seq) - 1] = seq[1:]
+        loss_mask[i, len(prompt) - 1 : len(seq) - 1] = 1.0
+    return tokens, target_ids, loss_mask
+
+
+def place_responses(rows: Sequence[Sequence[float]], loss_mask: Tensor) -> Tensor:
+    """Per-response-token values laid out at the positions where ``loss_mask`` is set (0 elsewhere)."""
+    lengths = [len(row) for row in rows]
+    if lengths != (loss_mask != 0).sum(-1).tolist():
+        raise ValueError(
+            f"one value per response token needed: got rows of {lengths} values for masks "
+            f"of {(loss_mask != 0).sum(-1).tolist()} tokens"
+        )
+    out = torch.zeros(loss_mask.shape)
+    out[loss_mask != 0] = torch.tensor([v for row in rows for v in row], dtype=out.dtype)
+    return out
+
+
+def response_rows(values: Tensor, loss_mask: Tensor) -> list[list[float]]:
+    """The inverse of ``place_responses``: each row's values where ``loss_mask`` is set."""
+    return [row[mask != 0].tolist() for row, mask in zip(values, loss_mask, strict=True)]

@@ -3,6 +3,7 @@
 import json
 
 import numpy
+import pytest
 
 from forge.data.types import Completion, Episode
 from forge.observability.rollouts import (
@@ -14,6 +15,7 @@ from forge.observability.rollouts import (
     encode_floats,
     read_records,
 )
+from forge.recipes.grpo_replay import load_replay_batches
 
 
 def completion(prompt: str, text: str, version: int = 3) -> Completion:
@@ -96,3 +98,22 @@ def test_float32_encoding_round_trips():
     assert decoded[1] == -2.5 and decoded[3] == float("-inf")
     assert decoded == [float(numpy.float32(v)) for v in values]
     assert encode_floats(None) is None and decode_floats(None) is None
+
+
+def test_replay_names_what_is_missing(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    recorder = RolloutRecorder(path, every=2)
+    groups = [group(0), group(1)]
+    recorder.record_groups(groups)
+    recorder.close()
+    with pytest.raises(FileNotFoundError, match="rollouts.batches.jsonl"):
+        load_replay_batches(path)
+    ids = [e.episode_id for e in groups[0] + groups[1]]  # group 1 was not recorded (every=2)
+    batches_path(path).write_text(json.dumps({"policy_version": 0, "episode_ids": [ids]}) + "\n")
+    with pytest.raises(ValueError, match="metrics.rollouts_every=1"):
+        load_replay_batches(path)
+    batches_path(path).write_text(json.dumps({"policy_version": 0, "episode_ids": [ids[:3]]}) + "\n")
+    ((rebuilt,),) = load_replay_batches(path)
+    assert [e.episode_id for e in rebuilt] == ids[:3]
+    assert [e.completion.logprobs for e in rebuilt] == [e.completion.logprobs for e in groups[0]]
+    assert [e.advantage for e in rebuilt] == [e.advantage for e in groups[0]]

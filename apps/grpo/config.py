@@ -86,6 +86,9 @@ class GRPOConfig(ForgeConfigModel):
             self.metrics.rollouts_path = f"{self.output_dir}/rollouts.jsonl"
         if self.rollout.replay_from is not None and not self.trainer.enabled:
             raise ValueError("rollout.replay_from trains on recorded rollouts: it needs trainer.enabled=true")
+        if self.generator.sampling.seed is None:
+            # The run's seed reaches the sampling (each sample seeded by its prompt and index).
+            self.generator.sampling.seed = self.seed
         loss_temperature = self.trainer.loss.params.get("temperature", 1.0)
         if loss_temperature != self.generator.sampling.temperature:
             raise ValueError(

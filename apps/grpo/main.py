@@ -1,6 +1,17 @@
 """GRPO: continuous rollouts and continuous training, joined by the replay buffer.
 
 python -m apps.grpo.main --config configs/grpo/tiny_cpu.yaml [key=value ...]
+
+    rollout loops (x rollout.threads)            training loop
+    ---------------------------------            -------------
+    wait: staleness bound allows a rollout       wait: a batch is buffered
+    prompts -> Generator (newest weights,        ReplayBuffer.sample -> TitanTrainer.train_step
+      at least version T - max_policy_age)       TitanTrainer.push_weights(T+1): snapshot, then
+      -> reward -> advantages -> reference         store put in the background -> generators
+      -> ReplayBuffer.add                          pick it up before their next request
+
+The staleness bound (forge.staleness) pauses rollouts whose episodes could only go stale;
+the training loop waits for nothing but a batch.
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ from forge.observability.progress import Progress
 from forge.observability.rollouts import RolloutRecorder, batches_path
 from forge.recipes.grpo_replay import replay_training
 from forge.rollout import greedy_accuracy, rollout_step
+from forge.staleness import StalenessBound
+from forge.weight_sync import resolve_transport
 
 
 def ensure_warm_start(cfg: GRPOConfig) -> None:
@@ -69,6 +82,7 @@ def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, s
     fields["policy age"] = f"{row.get('buffer/policy_age_mean', float('nan')):.2f}"
     fields["gen"] = f"{row.get('generator/tokens_per_s', float('nan')):.0f} tok/s"
     fields["sync"] = f"{row.get('grpo/weight_sync_ms', float('nan')):.0f} ms"
+    fields["wait"] = f"{row.get('grpo/wait_batch_ms', float('nan')):.0f} ms"
     fields["step"] = f"{step_s:.2f} s"
     return fields
 
@@ -80,7 +94,7 @@ async def run(cfg: GRPOConfig) -> dict:
     save_config(cfg, out / "config.yaml")
     if cfg.actor_threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
-    await init_provisioner(cfg.provisioner)
+    await init_provisioner(cfg.provisioner, seed=cfg.seed)
     try:
         if cfg.rollout.replay_from:
             return await _replay(cfg)
@@ -106,7 +120,7 @@ async def _replay(cfg: GRPOConfig) -> dict:
         metrics=cfg.metrics,
         run_config=config_to_dict(cfg),
     )
-    return {"eval_accuracy": [], "generator_versions": [], "replayed_steps": steps}
+    return {"eval_accuracy": [], "replayed_steps": steps}
 
 
 async def _train(cfg: GRPOConfig) -> dict:
@@ -116,12 +130,19 @@ async def _train(cfg: GRPOConfig) -> dict:
     if cfg.metrics.rollouts_path:
         recorder = RolloutRecorder(cfg.metrics.rollouts_path, cfg.metrics.rollouts_every)
     pad_id = _pad_id(cfg)
+    transport = resolve_transport(cfg.generator.weight_transport)
     gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
     dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
-        Generator.options(with_gpus=gpus).as_actor(cfg.generator),
+        Generator.options(with_gpus=gpus).as_actor(
+            cfg.generator.model_copy(update={"weight_transport": transport})
+        ),
         TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus, gpu_group="trainer").as_actor(
-            cfg.trainer.engine, cfg.trainer.loss, weights_dtype=cfg.generator.dtype
+            cfg.trainer.engine,
+            cfg.trainer.loss,
+            weights_dtype=cfg.generator.dtype,
+            keep_weight_versions=cfg.keep_weight_versions,
+            weight_transport=transport,
         )
         if cfg.trainer.enabled
         else asyncio.sleep(0),
@@ -140,64 +161,74 @@ async def _train(cfg: GRPOConfig) -> dict:
     eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
     score_fn = get_reward_fn(cfg.eval.reward_fn)
     stop = asyncio.Event()
+    bound = StalenessBound(cfg.replay_buffer.max_policy_age, cfg.replay_buffer.batch_size)
+    rollout_episodes = cfg.rollout.prompts_per_step * cfg.rollout.group_size
 
     async def continuous_rollouts() -> None:
+        """Waits for the staleness bound to allow a rollout, then makes one into the buffer."""
         while not stop.is_set():
-            await rollout_step(
-                dataset=dataset,
-                generator=generator,
-                reward=reward,
-                advantages=advantages,
-                reference=reference,
-                replay_buffer=replay_buffer,
-                prompts_per_step=cfg.rollout.prompts_per_step,
-                group_size=cfg.rollout.group_size,
-                skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
-                recorder=recorder,
-            )
+            min_version = await bound.start_rollout(rollout_episodes)
+            added: list[int] = []
+            try:
+                added = await rollout_step(
+                    dataset=dataset,
+                    generator=generator,
+                    reward=reward,
+                    advantages=advantages,
+                    reference=reference,
+                    replay_buffer=replay_buffer,
+                    prompts_per_step=cfg.rollout.prompts_per_step,
+                    group_size=cfg.rollout.group_size,
+                    skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
+                    min_version=min_version,
+                    recorder=recorder,
+                )
+            finally:
+                await bound.finish_rollout(rollout_episodes, added)
 
-    async def evaluate() -> float:
-        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens, recorder)
+    async def evaluate(version: int) -> float:
+        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens, version, recorder)
 
     async def continuous_training() -> dict:
+        """Waits only for a batch; publishing the new weights overlaps the next step."""
         progress = Progress(cfg.max_steps, desc="grpo")
-        accuracy = await evaluate()
+        accuracy = await evaluate(0)
         record_metric("eval/accuracy", accuracy, Reduce.MEAN)
         await metric_logger.flush(0)
-        history = {"eval_accuracy": [(0, accuracy)], "generator_versions": []}
+        history = {"eval_accuracy": [(0, accuracy)]}
         progress.message(f"step 0 | eval acc {accuracy:.3f} (initial policy)")
         version = 0
         for step in range(1, cfg.max_steps + 1):
             started = time.perf_counter()
             if recorder is not None:
                 recorder.step = step
+            await bound.wait_for_batch()
+            # The bound mirrors the buffer, so the first sample normally has a batch.
             while (batch := await replay_buffer.sample.call_one(version)) is None:
                 await asyncio.sleep(0.05)
+            record_metric("grpo/wait_batch_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+            episode_versions = [int(v) for b in batch for v in b.policy_versions]
             if trainer is not None:  # trainer.enabled=false: only generate and record
                 await trainer.train_step.call(batch)
                 version += 1
                 sync_started = time.perf_counter()
                 await trainer.push_weights.call(version)
-                await generator.update_weights.call_one(version)
-                history["generator_versions"].append(await generator.get_version.call_one())
                 record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
-                record_metric(
-                    "grpo/trained_policy_age_max",
-                    version - 1 - min(int(b.policy_versions.min()) for b in batch),
-                    Reduce.MAX,
-                )
-                for old in (await store.versions())[: -cfg.keep_weight_versions]:
-                    await store.delete(old)
+                record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
+            await bound.trained(episode_versions)
             accuracy = None
             if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
-                accuracy = await evaluate()
+                accuracy = await evaluate(version)
                 record_metric("eval/accuracy", accuracy, Reduce.MEAN)
                 history["eval_accuracy"].append((step, accuracy))
             record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
             row = await metric_logger.flush(step)
-            fields = step_fields(row, accuracy, time.perf_counter() - started)
-            progress.update(step, fields, persist=accuracy is not None)
+            progress.update(
+                step, step_fields(row, accuracy, time.perf_counter() - started), persist=accuracy is not None
+            )
         progress.close()
+        if trainer is not None:
+            await trainer.wait_published.call()
         return history
 
     rollouts = [asyncio.create_task(continuous_rollouts()) for _ in range(cfg.rollout.threads)]

@@ -161,7 +161,9 @@ async def _train(cfg: GRPOConfig) -> dict:
     eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
     score_fn = get_reward_fn(cfg.eval.reward_fn)
     stop = asyncio.Event()
-    bound = StalenessBound(cfg.replay_buffer.max_policy_age, cfg.replay_buffer.batch_size)
+    # Without a trainer the policy never changes, so no episode can grow stale.
+    max_age = cfg.replay_buffer.max_policy_age if cfg.trainer.enabled else cfg.max_steps
+    bound = StalenessBound(max_age, cfg.replay_buffer.batch_size)
     rollout_episodes = cfg.rollout.prompts_per_step * cfg.rollout.group_size
 
     async def continuous_rollouts() -> None:

@@ -11,6 +11,7 @@ import pytest
 from apps.grpo.main import main
 
 from forge import inspect as forge_inspect
+from forge import store
 from forge.actors.advantages import ComputeAdvantages
 from forge.actors.dataset import DatasetActor
 from forge.actors.generator import Generator, GeneratorConfig
@@ -143,6 +144,7 @@ def test_records_match_the_buffer_episode_for_episode(tiny_policy, tmp_path):
 
     async def run() -> None:
         metric_logger = await get_metric_logger(MetricsConfig(console=False))
+        await store.initialize()  # the generator looks for newer weights before each request
         dataset, generator, reward, advantages, buffer = await asyncio.gather(
             DatasetActor.as_actor(PromptDataConfig(toy_task={"num_train": 50, "num_eval": 5})),
             Generator.as_actor(GeneratorConfig(model_path=str(tiny_policy), sampling={"max_tokens": 4})),
@@ -171,6 +173,7 @@ def test_records_match_the_buffer_episode_for_episode(tiny_policy, tmp_path):
             buffered = (await buffer.state_dict.call_one())["episodes"]
             row = await metric_logger.flush(1)
         finally:
+            await store.shutdown()
             await shutdown()
         records = list(read_records(tmp_path / "rollouts.jsonl"))
         assert len(records) == len(buffered) == added == row["buffer/added"] == 3 * 2 * 3

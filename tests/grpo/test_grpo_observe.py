@@ -154,7 +154,7 @@ def test_records_match_the_buffer_episode_for_episode(tiny_policy, tmp_path):
         )
         try:
             recorder = RolloutRecorder(tmp_path / "rollouts.jsonl")
-            added = 0
+            added: list[int] = []  # policy versions of the episodes added
             for step in range(3):
                 recorder.step = step
                 added += await rollout_step(
@@ -176,7 +176,7 @@ def test_records_match_the_buffer_episode_for_episode(tiny_policy, tmp_path):
             await store.shutdown()
             await shutdown()
         records = list(read_records(tmp_path / "rollouts.jsonl"))
-        assert len(records) == len(buffered) == added == row["buffer/added"] == 3 * 2 * 3
+        assert len(records) == len(buffered) == len(added) == row["buffer/added"] == 3 * 2 * 3
         for record, episode in zip(records, buffered, strict=True):
             assert record["episode_id"] == episode.episode_id
             assert record["completion"] == episode.completion.text

@@ -20,6 +20,9 @@ from forge.runs.checkpoint import CheckpointConfig
 
 
 class TrainerSection(ForgeConfigModel):
+    # false: no trainer process; the run only generates, scores and records rollouts for
+    # max_steps batches (rollout-only debugging).
+    enabled: bool = True
     procs: int = 1
     # Hosts the trainer spans, `procs` ranks on each (needs provisioner.hosts; which hosts:
     # provisioner.placement.TitanTrainer).
@@ -36,6 +39,9 @@ class RolloutConfig(ForgeConfigModel):
     group_size: int = Field(8, ge=2, description="completions per prompt (the GRPO group)")
     skip_groups_without_signal: bool = True
     advantage: Literal["grpo", "dr_grpo", "rloo", "none"] = "grpo"
+    # Train on the batches of a recorded run (its rollouts.jsonl) with no generator, reward or
+    # reference actor (train-only debugging); see forge.recipes.grpo_replay.
+    replay_from: str | None = None
 
 
 class ReferenceSection(ForgeConfigModel):
@@ -85,6 +91,10 @@ class GRPOConfig(ForgeConfigModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
+        if "rollouts_path" not in self.metrics.model_fields_set:  # `null` switches records off
+            self.metrics.rollouts_path = f"{self.output_dir}/rollouts.jsonl"
+        if self.rollout.replay_from is not None and not self.trainer.enabled:
+            raise ValueError("rollout.replay_from trains on recorded rollouts: it needs trainer.enabled=true")
         if self.generator.sampling.seed is None:
             # The run's seed reaches the sampling (each sample seeded by its prompt and index).
             self.generator.sampling.seed = self.seed

@@ -37,10 +37,13 @@ from forge.actors.reference import ReferenceModel
 from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
-from forge.config import parse_args, save_config
+from forge.config import config_to_dict, parse_args, save_config
 from forge.controller import get_provisioner, init_provisioner, shutdown, supervision
 from forge.data.rewards import get_reward_fn
 from forge.observability import Reduce, get_metric_logger, record_metric
+from forge.observability.progress import Progress as ProgressDisplay
+from forge.observability.rollouts import RolloutRecorder, batches_path
+from forge.recipes.grpo_replay import replay_training
 from forge.rollout import RolloutCounts, greedy_accuracy, rollout_step, wait_for_room
 from forge.runs import RunStopped
 from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpointer
@@ -71,18 +74,17 @@ def checkpointer(cfg: GRPOConfig) -> RunCheckpointer:
     return RunCheckpointer(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep)
 
 
-def progress_line(step: int, row: dict, accuracy: float | None, step_s: float) -> str:
-    parts = [f"step {step:4d}", f"reward {row.get('rollout/reward', float('nan')):.3f}"]
+def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, str]:
+    """The key numbers of a step, as the progress bar or line shows them."""
+    fields = {"reward": f"{row.get('rollout/reward', float('nan')):.3f}"}
     if accuracy is not None:
-        parts.append(f"eval acc {accuracy:.3f}")
-    parts += [
-        f"policy age {row.get('buffer/policy_age_mean', float('nan')):.2f}",
-        f"gen {row.get('generator/tokens_per_s', float('nan')):.0f} tok/s",
-        f"sync {row.get('grpo/weight_sync_ms', float('nan')):.0f} ms",
-        f"wait {row.get('grpo/wait_batch_ms', float('nan')):.0f} ms",
-        f"{step_s:.2f} s/step",
-    ]
-    return " | ".join(parts)
+        fields["eval acc"] = f"{accuracy:.3f}"
+    fields["policy age"] = f"{row.get('buffer/policy_age_mean', float('nan')):.2f}"
+    fields["gen"] = f"{row.get('generator/tokens_per_s', float('nan')):.0f} tok/s"
+    fields["sync"] = f"{row.get('grpo/weight_sync_ms', float('nan')):.0f} ms"
+    fields["wait"] = f"{row.get('grpo/wait_batch_ms', float('nan')):.0f} ms"
+    fields["step"] = f"{step_s:.2f} s"
+    return fields
 
 
 async def run(cfg: GRPOConfig) -> dict:
@@ -94,18 +96,41 @@ async def run(cfg: GRPOConfig) -> dict:
         os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
     await init_provisioner(cfg.provisioner, seed=cfg.seed)
     try:
+        if cfg.rollout.replay_from:
+            return await _replay(cfg)
         return await _train(cfg)
     finally:
         await shutdown()
 
 
-async def _train(cfg: GRPOConfig) -> dict:
-    metric_logger = await get_metric_logger(cfg.metrics)
-    await store.initialize()
-
+def _pad_id(cfg: GRPOConfig) -> int:
     from transformers import AutoTokenizer
 
-    pad_id = AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
+    return AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
+
+
+async def _replay(cfg: GRPOConfig) -> dict:
+    """Train-only debugging: the recorded run's batches, with no generator, reward or reference."""
+    steps = await replay_training(
+        cfg.rollout.replay_from,
+        trainer_engine=cfg.trainer.engine,
+        trainer_loss=cfg.trainer.loss,
+        trainer_procs=cfg.trainer.procs,
+        pad_id=_pad_id(cfg),
+        max_steps=cfg.max_steps,
+        metrics=cfg.metrics,
+        run_config=config_to_dict(cfg),
+    )
+    return {"eval_accuracy": [], "replayed_steps": steps}
+
+
+async def _train(cfg: GRPOConfig) -> dict:
+    metric_logger = await get_metric_logger(cfg.metrics, config_to_dict(cfg))
+    await store.initialize()
+    recorder = None
+    if cfg.metrics.rollouts_path:
+        recorder = RolloutRecorder(cfg.metrics.rollouts_path, cfg.metrics.rollouts_every)
+    pad_id = _pad_id(cfg)
     transport = resolve_transport(cfg.generator.weight_transport, one_host=not cfg.provisioner.hosts)
     gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
     generators = Generator.options(with_gpus=gpus, num_replicas=cfg.generator.replicas)
@@ -123,8 +148,12 @@ async def _train(cfg: GRPOConfig) -> dict:
             weights_dtype=cfg.generator.dtype,
             keep_weight_versions=cfg.keep_weight_versions,
             weight_transport=transport,
+        )
+        if cfg.trainer.enabled
+        else asyncio.sleep(0),
+        ReplayBuffer.as_actor(
+            cfg.replay_buffer, pad_id, str(batches_path(recorder.path)) if recorder else None
         ),
-        ReplayBuffer.as_actor(cfg.replay_buffer, pad_id),
         RewardActor.as_actor(cfg.reward),
         ComputeAdvantages.as_actor(cfg.rollout.advantage),
         # On the trainer's GPU: a KL term needs no GPU of its own.
@@ -139,7 +168,9 @@ async def _train(cfg: GRPOConfig) -> dict:
     eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
     score_fn = get_reward_fn(cfg.eval.reward_fn)
     stop = asyncio.Event()
-    bound = StalenessBound(cfg.replay_buffer.max_policy_age, cfg.replay_buffer.batch_size)
+    # Without a trainer the policy never changes, so no episode can grow stale.
+    max_age = cfg.replay_buffer.max_policy_age if cfg.trainer.enabled else cfg.max_steps
+    bound = StalenessBound(max_age, cfg.replay_buffer.batch_size)
     rollout_episodes = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     counts, skips = RolloutCounts(), SkippedUpdates(cfg.trainer.max_skipped_updates)
     checkpoints, actors = checkpointer(cfg), RunActors(trainer, replay_buffer, dataset, generator)
@@ -165,6 +196,7 @@ async def _train(cfg: GRPOConfig) -> dict:
                         skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
                         min_version=min_version,
                         counts=counts,
+                        recorder=recorder,
                     )
             finally:
                 await bound.finish_rollout(rollout_episodes, added)
@@ -181,29 +213,35 @@ async def _train(cfg: GRPOConfig) -> dict:
     )
 
     async def evaluate(version: int) -> float:
-        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens, version)
+        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens, version, recorder)
 
     async def continuous_training(progress: Progress) -> dict:
         """Waits only for a batch; publishing the new weights overlaps the next step."""
         history = progress.history
+        display = ProgressDisplay(cfg.max_steps, desc="grpo", initial=progress.step)
         if progress.step == 0:
             accuracy = await evaluate(0)
+            record_metric("eval/accuracy", accuracy, Reduce.MEAN)
+            await metric_logger.flush(0)
             history["eval_accuracy"].append((0, accuracy))
-            print(f"step    0 | eval acc {accuracy:.3f} (initial policy)", flush=True)
+            display.message(f"step 0 | eval acc {accuracy:.3f} (initial policy)")
         version = progress.version
         for step in range(progress.step + 1, cfg.max_steps + 1):
             started = time.perf_counter()
+            if recorder is not None:
+                recorder.step = step
             batch = await wait_for_batch(
                 next_batch(version), cfg.replay_buffer.starve_timeout_s, explain_starvation
             )
             record_metric("grpo/wait_batch_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
-            skips.observe(step, next(iter((await trainer.train_step.call(batch)).values())))
-            version += 1
-            sync_started = time.perf_counter()
-            await trainer.push_weights.call(version)
-            record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
             episode_versions = [int(v) for b in batch for v in b.policy_versions]
-            record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
+            if trainer is not None:  # trainer.enabled=false: only generate and record
+                skips.observe(step, next(iter((await trainer.train_step.call(batch)).values())))
+                version += 1
+                sync_started = time.perf_counter()
+                await trainer.push_weights.call(version)
+                record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
+                record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
             await bound.trained(episode_versions)
             accuracy = None
             if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
@@ -212,14 +250,20 @@ async def _train(cfg: GRPOConfig) -> dict:
                 history["eval_accuracy"].append((step, accuracy))
             record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
             row = await metric_logger.flush(step)
-            print(progress_line(step, row, accuracy, time.perf_counter() - started), flush=True)
+            display.update(
+                step, step_fields(row, accuracy, time.perf_counter() - started), persist=accuracy is not None
+            )
+            if trainer is None:
+                continue
             every, last = cfg.checkpoint.every, step == cfg.max_steps
             if every and (step % every == 0 or last):
                 async with pause.paused():
                     await checkpoints.save(Progress(step, version, history), actors)
             if last or (cfg.checkpoint.export_every and step % cfg.checkpoint.export_every == 0):
                 await trainer.export_hf.call(str(Path(cfg.output_dir, "export").resolve()), cfg.policy_path)
-        await trainer.wait_published.call()
+        display.close()
+        if trainer is not None:
+            await trainer.wait_published.call()
         return history
 
     progress = Progress()
@@ -241,6 +285,8 @@ async def _train(cfg: GRPOConfig) -> dict:
         await asyncio.gather(training, *rollouts, return_exceptions=True)
         await metric_logger.close()
         await store.shutdown()
+        if recorder is not None:
+            recorder.close()
     return history
 
 
@@ -257,6 +303,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = parse_args(GRPOConfig, argv, description="GRPO training with forge")
     ensure_warm_start(cfg)
     try:
+        if cfg.rollout.replay_from and not Path(cfg.rollout.replay_from).is_file():
+            raise FileNotFoundError(f"rollout.replay_from: no rollout records at {cfg.rollout.replay_from}")
         check_run_inputs(cfg)
         checkpointer(cfg).check_start(cfg.resume)
     except (FileNotFoundError, ValueError) as e:
@@ -272,11 +320,11 @@ def main(argv: list[str] | None = None) -> dict:
         stopped(cfg, str(e))
     except supervision.FAILURES as e:
         stopped(cfg, supervision.explain(e))
-    (first_step, first), (last_step, last) = history["eval_accuracy"][0], history["eval_accuracy"][-1]
-    print(
-        f"done in {time.perf_counter() - started:.0f} s: eval accuracy {first:.3f} (step {first_step}) "
-        f"-> {last:.3f} (step {last_step})"
-    )
+    summary = f"done in {time.perf_counter() - started:.0f} s"
+    if history["eval_accuracy"]:
+        (first_step, first), (last_step, last) = history["eval_accuracy"][0], history["eval_accuracy"][-1]
+        summary += f": eval accuracy {first:.3f} (step {first_step}) -> {last:.3f} (step {last_step})"
+    print(summary)
     return history
 
 

@@ -8,6 +8,7 @@ from forge.actors.trainer import LossConfig
 from forge.config import ForgeConfigModel
 from forge.data.rewards import RewardFnName
 from forge.engines.titan.config import TitanEngineConfig
+from forge.observability import MetricsConfig
 from forge.recipes.sft import SFTRecipeDataConfig
 
 
@@ -36,7 +37,7 @@ class SFTConfig(ForgeConfigModel):
         None, description="a local tokenizer dir or hub id; with data.embedded_task the embedded one is used"
     )
     max_steps: int = Field(ge=1)
-    log_every: int = Field(10, ge=1, description="print a progress line every N steps")
+    log_every: int = Field(10, ge=1, description="a plain progress line every N steps (off a terminal)")
     eval_every: int = Field(
         0, ge=0, description="held-out loss every N steps (0: only before step 1 and at the end)"
     )
@@ -47,9 +48,16 @@ class SFTConfig(ForgeConfigModel):
     trainer: TrainerSection = TrainerSection()
     data: SFTRecipeDataConfig
     generation_eval: GenerationEvalConfig | None = None
+    # Backends besides run_dir/metrics.jsonl, which is always written (the app sets jsonl_path).
+    metrics: MetricsConfig = MetricsConfig(console=False)
 
     @model_validator(mode="after")
     def _consistent(self) -> SFTConfig:
+        if self.metrics.jsonl_path is not None or self.metrics.rollouts_path is not None:
+            raise ValueError(
+                "metrics.jsonl_path and metrics.rollouts_path are not SFT settings: the metrics "
+                "always go to run_dir/metrics.jsonl, and SFT generates no rollouts"
+            )
         if self.trainer.loss.name != "sft":
             raise ValueError(
                 f"trainer.loss.name must be 'sft' in the SFT app, got {self.trainer.loss.name!r}"

@@ -22,14 +22,15 @@ import transformers
 
 from apps.sft.config import SFTConfig
 from forge.actors.trainer import TitanTrainer
-from forge.config import parse_args, save_config
+from forge.config import config_to_dict, parse_args, save_config
 from forge.controller import shutdown
 from forge.data.prompts import read_prompt_target_rows
 from forge.data.rewards import get_reward_fn
 from forge.data.sft import build_sft_loader
 from forge.data.sft_loader import SFTDataLoader
-from forge.observability import MetricsConfig, Reduce, get_metric_logger, record_metric
+from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.observability.backends import drop_metrics_after
+from forge.observability.progress import Progress
 from forge.recipes.sft import (
     PreparedData,
     evaluate_loss,
@@ -40,11 +41,13 @@ from forge.recipes.sft import (
 )
 
 
-def train_line(step: int, max_steps: int, row: dict) -> str:
-    return (
-        f"step {step:5d}/{max_steps} | loss {row['train/loss']:.4f} | acc {row['sft/token_accuracy']:.3f} "
-        f"| {row['train/tokens_per_s']:8.0f} tok/s | lr {row['train/lr']:.2e}"
-    )
+def train_fields(row: dict) -> dict[str, str]:
+    return {
+        "loss": f"{row['train/loss']:.4f}",
+        "acc": f"{row['sft/token_accuracy']:.3f}",
+        "speed": f"{row['train/tokens_per_s']:.0f} tok/s",
+        "lr": f"{row['train/lr']:.2e}",
+    }
 
 
 def eval_line(step: int, metrics: dict) -> str:
@@ -106,13 +109,16 @@ async def train(
             metrics_path.unlink(missing_ok=True)
         else:
             drop_metrics_after(metrics_path, start)
-        metric_logger = await get_metric_logger(MetricsConfig(console=False, jsonl_path=str(metrics_path)))
+        metric_logger = await get_metric_logger(
+            cfg.metrics.model_copy(update={"jsonl_path": str(metrics_path)}), config_to_dict(cfg)
+        )
         for key, value in data.metrics.items():
             record_metric(key, value, Reduce.SUM)
         last_eval = {}
+        progress = Progress(cfg.max_steps, desc="sft", initial=start, every=cfg.log_every)
         if start == 0 and data.eval is not None:
             last_eval = await evaluate_loss(trainer, data, eval_batch_size, procs)
-            print(eval_line(0, last_eval), flush=True)
+            progress.message(eval_line(0, last_eval))
             await metric_logger.flush(0)
 
         for step in range(start + 1, cfg.max_steps + 1):
@@ -129,10 +135,10 @@ async def train(
             if last or (cfg.save_every and step % cfg.save_every == 0):
                 await trainer.save.call({"data": cursor})
             row = await metric_logger.flush(step)
-            if last or step % cfg.log_every == 0:
-                print(train_line(step, cfg.max_steps, row), flush=True)
+            progress.update(step, train_fields(row))
             if "eval/loss" in row:
-                print(eval_line(step, row), flush=True)
+                progress.message(eval_line(step, row))
+        progress.close()
 
         if cfg.export_dir is not None:
             await trainer.export_hf.call(str(Path(cfg.export_dir).resolve()), str(prepared.tokenizer_dir))

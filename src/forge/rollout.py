@@ -16,6 +16,7 @@ import torch
 from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError
 from forge.data.types import Completion, Episode
 from forge.observability import Reduce, record_metric
+from forge.observability.rollouts import RolloutRecorder
 from forge.rl.advantage import has_signal
 
 
@@ -87,6 +88,7 @@ async def rollout_step(
     skip_groups_without_signal: bool,
     min_version: int = 0,
     counts: RolloutCounts | None = None,
+    recorder: RolloutRecorder | None = None,
 ) -> list[int]:
     """Samples prompts, generates a group per prompt with a policy of at least `min_version`,
     scores it and adds it to the buffer.
@@ -96,7 +98,7 @@ async def rollout_step(
     sampling), and counted in `rollout/groups_skipped`. The caller waits for room in the buffer
     first (`wait_for_room`).
     Groups lost with a generator replica that died (after the service's retry) are counted
-    in `rollout/groups_failed`.
+    in `rollout/groups_failed`. The `recorder` gets the groups that entered the buffer.
     """
     counts = counts if counts is not None else RolloutCounts()
     rows = await _call(dataset.sample_batch)(prompts_per_step)
@@ -126,20 +128,29 @@ async def rollout_step(
     if reference is not None:
         await add_reference_logprobs(episodes, reference)
     await _call(replay_buffer.add_many)(episodes)
+    if recorder is not None:
+        recorder.record_groups(kept)
     return [e.policy_version for e in episodes]
 
 
 async def greedy_accuracy(
-    generator, rows: list[dict], score_fn, max_tokens: int, min_version: int = 0
+    generator,
+    rows: list[dict],
+    score_fn,
+    max_tokens: int,
+    min_version: int = 0,
+    recorder: RolloutRecorder | None = None,
 ) -> float:
     """Fraction of `rows` whose greedy completion, by a policy of at least `min_version`,
-    scores 1.0 under `score_fn`."""
+    scores 1.0 under `score_fn`; the `recorder` gets every answer, as eval records."""
     if not rows:
         return float("nan")
     groups = await _call(generator.generate_batch)(
         [r["prompt"] for r in rows], None, min_version, n=1, temperature=0.0, max_tokens=max_tokens
     )
-    correct = sum(
-        score_fn(r["prompt"], g[0].text, r["target"]) == 1.0 for r, g in zip(rows, groups, strict=True)
-    )
-    return correct / len(rows)
+    completions = [g[0] for g in groups]
+    targets = [r["target"] for r in rows]
+    scores = [score_fn(r["prompt"], c.text, r["target"]) for r, c in zip(rows, completions, strict=True)]
+    if recorder is not None:
+        recorder.record_eval(completions, targets, scores)
+    return sum(s == 1.0 for s in scores) / len(rows)

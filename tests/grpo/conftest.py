@@ -70,3 +70,16 @@ def grpo_yaml(policy: Path, out: Path, vocab_size: int, flavor: str = "tiny", **
     ]
     lines += [f"{k}: {v}" for k, v in extra.items()]
     return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="session")
+def grpo_config_factory(tiny_policy, tmp_path_factory):
+    """`write_grpo_config` for module-scoped fixtures: each call writes into a fresh directory."""
+
+    def write(**extra: str) -> Path:
+        root = tmp_path_factory.mktemp("grpo")
+        path = root / "grpo.yaml"
+        path.write_text(grpo_yaml(tiny_policy, root / "run", len(embedded_tokenizer()), **extra))
+        return path
+
+    return write

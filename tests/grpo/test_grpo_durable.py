@@ -74,12 +74,12 @@ def test_hung_and_infinite_rewards_cost_nothing_and_the_run_checkpoints_and_expo
     history = main(["--config", str(config), "replay_buffer.max_size=8"])
     run = tmp_path / "run"
     rows = read_rows(run / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3] and len(history["eval_accuracy"]) == 4
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and len(history["eval_accuracy"]) == 4
 
     # The hung call timed out once and was counted; the inf rewards were errors, never rewards.
     assert total(rows, f"reward/{hang}/timeouts") == 1
     assert total(rows, f"reward/{inf}/errors") > 0
-    assert all(math.isfinite(r.get("reward/total", 0.0)) and r["train/skipped"] == 0 for r in rows)
+    assert all(math.isfinite(r.get("reward/total", 0.0)) and r["train/skipped"] == 0 for r in rows[1:])
 
     # keep=1: only the last checkpoint (every 2 steps, and the last step) is left, complete.
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000003"]
@@ -155,8 +155,8 @@ def test_a_killed_trainer_names_itself_and_the_run_resumes_to_the_same_numbers(
 
     main([*argv, "resume=true"])
     expected, resumed = read_rows(straight / "m.jsonl"), read_rows(killed / "m.jsonl")
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4]  # no repeats, no gaps
-    assert all(r["train/loss"] != 0 for r in expected)  # the comparison below is not of zeros
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]  # step 0 (the initial eval), no repeats, no gaps
+    assert all(r["train/loss"] != 0 for r in expected[1:])  # the comparison below is not of zeros
     for want, got in zip(expected, resumed, strict=True):
         for key in COMPARED:
             assert got.get(key) == want.get(key), (
@@ -184,7 +184,7 @@ def test_a_killed_generator_replica_is_replaced_and_the_run_completes(write_grpo
     killer.join(timeout=5)
     assert killed, "no generator replica was killed"
     rows = read_rows(metrics)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
     assert [s for s, _ in history["eval_accuracy"]] == [0, 1, 2, 3, 4, 5]
     # Every group generated was either added, skipped or counted as failed.
     assert total(rows, "rollout/groups") + total(rows, "rollout/groups_failed") > 0

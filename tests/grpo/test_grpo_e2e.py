@@ -34,8 +34,8 @@ def test_few_steps_of_the_real_loop(engine, write_grpo_config, tmp_path, request
     assert [s for s, _ in history["eval_accuracy"]] == [0, 1, 2, 3]
 
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    for row in rows:
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    for row in rows[1:]:  # row 0: the initial eval
         # Every trained episode was produced by a policy at most max_policy_age (1) versions old.
         assert row["buffer/policy_age_max"] <= 1
         assert row["grpo/trained_policy_age_max"] <= 1

@@ -70,5 +70,5 @@ def test_grpo_config_runs_two_steps(name, tiny_policy, tmp_path):
     # eval.every=1: the eval after step s runs on version s, so every version reached the generator.
     assert [s for s, _ in history["eval_accuracy"]] == [0, 1, 2]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    assert all(r["weight_sync/pull_bytes"] > 0 for r in rows)
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the initial eval
+    assert all(r["weight_sync/pull_bytes"] > 0 for r in rows[1:])

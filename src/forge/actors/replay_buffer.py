@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from monarch.actor import endpoint
 
 from forge.controller import ForgeActor
@@ -11,9 +14,16 @@ from forge.rl.batch import PolicyBatch
 
 
 class ReplayBuffer(ForgeActor):
-    def __init__(self, cfg: ReplayBufferConfig, pad_id: int):
+    """`batches_path`, when given, gets one JSON line per training batch: the ids of its
+    episodes per rank, in order, which is what replay mode needs to rebuild the batch."""
+
+    def __init__(self, cfg: ReplayBufferConfig, pad_id: int, batches_path: str | None = None):
         self.buffer = EpisodeBuffer(cfg)
         self.pad_id = pad_id
+        self._batches_file = None
+        if batches_path is not None:
+            Path(batches_path).parent.mkdir(parents=True, exist_ok=True)
+            self._batches_file = Path(batches_path).open("w", encoding="utf-8")
 
     @endpoint
     async def add(self, episode: Episode) -> None:
@@ -30,6 +40,12 @@ class ReplayBuffer(ForgeActor):
         per_rank = self.buffer.sample(curr_policy_version)
         if per_rank is None:
             return None
+        if self._batches_file is not None:
+            ids = [[ep.episode_id for ep in episodes] for episodes in per_rank]
+            self._batches_file.write(
+                json.dumps({"policy_version": curr_policy_version, "episode_ids": ids}) + "\n"
+            )
+            self._batches_file.flush()
         return [PolicyBatch.from_episodes(episodes, self.pad_id) for episodes in per_rank]
 
     @endpoint

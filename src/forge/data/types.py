@@ -1,5 +1,6 @@
 """The records that flow between actors. Plain dataclasses: they are pickled across processes."""
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -43,7 +44,8 @@ class Episode:
 
     ``reward``, ``reward_breakdown`` (one entry per reward function), ``advantage`` and
     ``ref_logprobs`` start empty and are filled in by the reward, advantage and reference
-    stages. Episodes sampled from the same prompt share a ``group_id``.
+    stages. Episodes sampled from the same prompt share a ``group_id``; ``episode_id`` names
+    one episode in rollout records and in the replay buffer's record of training batches.
     """
 
     completion: Completion
@@ -53,6 +55,7 @@ class Episode:
     reward_breakdown: dict[str, float] = field(default_factory=dict)
     advantage: float = 0.0
     ref_logprobs: list[float] | None = None
+    episode_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def policy_version(self) -> int:

@@ -9,6 +9,9 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Literal
+
+from forge.config import ForgeConfigModel
 
 
 class MetricBackend(ABC):
@@ -45,7 +48,8 @@ class ConsoleBackend(MetricBackend):
 
 
 class JsonlBackend(MetricBackend):
-    """Appends one JSON object per step: {"step": s, "time": t, "<key>": value, ...}."""
+    """Appends one JSON object per step: {"step": s, "time": t, "<key>": value, ...}, where
+    `time` is the wall time (seconds since the epoch) of the flush."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -88,3 +92,38 @@ def drop_metrics_after(path: Path, step: int) -> None:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(kept), encoding="utf-8")
         tmp.replace(path)
+
+
+class WandbConfig(ForgeConfigModel):
+    project: str = "forge"
+    name: str | None = None
+    entity: str | None = None
+    # offline: the run is written under `dir` and needs no network (`wandb sync` uploads it).
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    dir: str | None = None
+
+
+class WandbBackend(MetricBackend):
+    """A Weights & Biases run that gets every row, with the app's config stored in the run."""
+
+    def __init__(self, cfg: WandbConfig, run_config: dict | None = None):
+        try:
+            import wandb
+        except ImportError as e:
+            raise ImportError("metrics.wandb needs `pip install forge[wandb]`") from e
+        if cfg.dir is not None:
+            Path(cfg.dir).mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(
+            project=cfg.project,
+            name=cfg.name,
+            entity=cfg.entity,
+            mode=cfg.mode,
+            dir=cfg.dir,
+            config=run_config or {},
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self._run.finish()

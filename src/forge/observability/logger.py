@@ -12,9 +12,17 @@ import asyncio
 import logging
 
 from monarch.actor import Actor, endpoint, get_or_spawn_controller
+from pydantic import Field
 
 from forge.config import ForgeConfigModel
-from forge.observability.backends import ConsoleBackend, JsonlBackend, MetricBackend, TensorBoardBackend
+from forge.observability.backends import (
+    ConsoleBackend,
+    JsonlBackend,
+    MetricBackend,
+    TensorBoardBackend,
+    WandbBackend,
+    WandbConfig,
+)
 from forge.observability.collector import pop_state
 from forge.observability.reduce import Accumulator, merge_states
 
@@ -30,9 +38,14 @@ class MetricsConfig(ForgeConfigModel):
     console_keys: list[str] = []
     jsonl_path: str | None = None
     tensorboard_dir: str | None = None
+    wandb: WandbConfig | None = None
+    # Rollout records (apps that generate): one JSON line per episode entering the replay
+    # buffer and per eval answer; see forge.observability.rollouts.
+    rollouts_path: str | None = None
+    rollouts_every: int = Field(1, ge=1, description="record one group of episodes in N")
 
 
-def build_backends(cfg: MetricsConfig) -> list[MetricBackend]:
+def build_backends(cfg: MetricsConfig, run_config: dict | None = None) -> list[MetricBackend]:
     backends: list[MetricBackend] = []
     if cfg.console:
         backends.append(ConsoleBackend(cfg.console_keys or None))
@@ -40,6 +53,8 @@ def build_backends(cfg: MetricsConfig) -> list[MetricBackend]:
         backends.append(JsonlBackend(cfg.jsonl_path))
     if cfg.tensorboard_dir:
         backends.append(TensorBoardBackend(cfg.tensorboard_dir))
+    if cfg.wandb is not None:
+        backends.append(WandbBackend(cfg.wandb, run_config))
     return backends
 
 
@@ -57,10 +72,10 @@ class MetricLoggerActor(Actor):
         self._backends: list[MetricBackend] = []
 
     @endpoint
-    async def configure(self, cfg: MetricsConfig) -> None:
+    async def configure(self, cfg: MetricsConfig, run_config: dict | None = None) -> None:
         for backend in self._backends:
             backend.close()
-        self._backends = build_backends(cfg)
+        self._backends = build_backends(cfg, run_config)
 
     @endpoint
     async def register_fetcher(self, name: str, fetcher: MetricFetcher) -> None:
@@ -115,11 +130,12 @@ class MetricLogger:
         await self._actor.close.call_one()
 
 
-async def get_metric_logger(cfg: MetricsConfig | None = None) -> MetricLogger:
-    """The global metric logger; configures its backends when `cfg` is given."""
+async def get_metric_logger(cfg: MetricsConfig | None = None, run_config: dict | None = None) -> MetricLogger:
+    """The global metric logger; configures its backends when `cfg` is given. `run_config`
+    (the app's whole config) goes to backends that keep it with the run (W&B)."""
     actor = await _logger_actor()
     if cfg is not None:
-        await actor.configure.call_one(cfg)
+        await actor.configure.call_one(cfg, run_config)
     return MetricLogger(actor)
 
 

@@ -1,0 +1,119 @@
+"""The rollout recorder on its own: fields, sampling of groups, eval records, the writer thread."""
+
+import json
+
+import numpy
+import pytest
+
+from forge.data.types import Completion, Episode
+from forge.observability.rollouts import (
+    RECORD_FIELDS,
+    RolloutRecorder,
+    batches_path,
+    decode_floats,
+    decode_ids,
+    encode_floats,
+    read_records,
+)
+from forge.recipes.grpo_replay import load_replay_batches
+
+
+def completion(prompt: str, text: str, version: int = 3) -> Completion:
+    return Completion(prompt, [1, 2], [5, 6, 7], [-0.5, -0.25, -0.125], text, "stop", version)
+
+
+def group(index: int, size: int = 3) -> list[Episode]:
+    group_id = f"g{index}"
+    return [
+        Episode(
+            completion(f"{index}+1=", f"{index + i}"),
+            str(index + 1),
+            group_id,
+            reward=float(i == 1),
+            reward_breakdown={"toy_task": float(i == 1)},
+            advantage=i - 1.0,
+            ref_logprobs=[-1.0, -1.0, -1.0],
+        )
+        for i in range(size)
+    ]
+
+
+def test_every_field_of_every_episode_and_eval_answer(tmp_path):
+    path = tmp_path / "run" / "rollouts.jsonl"
+    recorder = RolloutRecorder(path)
+    recorder.step = 7
+    groups = [group(0), group(1)]
+    recorder.record_groups(groups)
+    recorder.step = 8
+    recorder.record_eval([completion("2+2=", "4", version=8)], ["4"], [1.0])
+    recorder.close()
+
+    records = list(read_records(path))
+    assert len(records) == 7
+    training, evals = records[:6], records[6:]
+    for record, episode in zip(training, [e for g in groups for e in g], strict=True):
+        assert tuple(record) == RECORD_FIELDS
+        assert record["step"] == 7 and record["eval"] is False
+        assert record["episode_id"] == episode.episode_id
+        assert (
+            record["completion"] == episode.completion.text and record["prompt"] == episode.completion.prompt
+        )
+        assert record["reward"] == episode.reward and record["advantage"] == episode.advantage
+        assert record["reward_breakdown"] == episode.reward_breakdown
+        assert (
+            record["policy_version"] == 3 and record["response_len"] == 3 and record["stop_reason"] == "stop"
+        )
+        # float32, exact: these are float32 values (as every logprob the trainer reads)
+        assert decode_floats(record["logprobs"]) == episode.completion.logprobs
+        assert decode_floats(record["ref_logprobs"]) == episode.ref_logprobs
+        assert decode_ids(record["prompt_ids"]) == [1, 2] and decode_ids(record["response_ids"]) == [5, 6, 7]
+    assert evals == [
+        {
+            "step": 8,
+            "policy_version": 8,
+            "eval": True,
+            "prompt": "2+2=",
+            "completion": "4",
+            "target": "4",
+            "reward": 1.0,
+            "response_len": 3,
+            "stop_reason": "stop",
+        }
+    ]
+    assert batches_path(path) == tmp_path / "run" / "rollouts.batches.jsonl"
+
+
+def test_rollouts_every_keeps_whole_groups(tmp_path):
+    recorder = RolloutRecorder(tmp_path / "r.jsonl", every=3)
+    for i in range(7):
+        recorder.record_groups([group(i, size=2)])
+    recorder.close()
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert [json.loads(line)["group_id"] for line in lines] == ["g0", "g0", "g3", "g3", "g6", "g6"]
+
+
+def test_float32_encoding_round_trips():
+    values = [-0.1, -2.5, -1e-8, float("-inf")]
+    decoded = decode_floats(encode_floats(values))
+    assert decoded[1] == -2.5 and decoded[3] == float("-inf")
+    assert decoded == [float(numpy.float32(v)) for v in values]
+    assert encode_floats(None) is None and decode_floats(None) is None
+
+
+def test_replay_names_what_is_missing(tmp_path):
+    path = tmp_path / "rollouts.jsonl"
+    recorder = RolloutRecorder(path, every=2)
+    groups = [group(0), group(1)]
+    recorder.record_groups(groups)
+    recorder.close()
+    with pytest.raises(FileNotFoundError, match="rollouts.batches.jsonl"):
+        load_replay_batches(path)
+    ids = [e.episode_id for e in groups[0] + groups[1]]  # group 1 was not recorded (every=2)
+    batches_path(path).write_text(json.dumps({"policy_version": 0, "episode_ids": [ids]}) + "\n")
+    with pytest.raises(ValueError, match="metrics.rollouts_every=1"):
+        load_replay_batches(path)
+    batches_path(path).write_text(json.dumps({"policy_version": 0, "episode_ids": [ids[:3]]}) + "\n")
+    ((rebuilt,),) = load_replay_batches(path)
+    assert [e.episode_id for e in rebuilt] == ids[:3]
+    assert [e.completion.logprobs for e in rebuilt] == [e.completion.logprobs for e in groups[0]]
+    assert [e.advantage for e in rebuilt] == [e.advantage for e in groups[0]]

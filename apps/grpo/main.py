@@ -96,7 +96,7 @@ async def _train(cfg: GRPOConfig) -> dict:
         TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus).as_actor(
             cfg.trainer.engine, cfg.trainer.loss
         ),
-        ReplayBuffer.as_actor(cfg.replay_buffer, pad_id),
+        ReplayBuffer.as_actor(cfg.replay_buffer, pad_id, cfg.dp_size),
         RewardActor.as_actor(cfg.reward),
         ComputeAdvantages.as_actor(cfg.rollout.advantage),
         ReferenceModel.options(with_gpus=gpus).as_actor(

@@ -11,8 +11,8 @@ from forge.rl.batch import PolicyBatch
 
 
 class ReplayBuffer(ForgeActor):
-    def __init__(self, cfg: ReplayBufferConfig, pad_id: int):
-        self.buffer = EpisodeBuffer(cfg)
+    def __init__(self, cfg: ReplayBufferConfig, pad_id: int, dp_size: int = 1):
+        self.buffer = EpisodeBuffer(cfg, dp_size)
         self.pad_id = pad_id
 
     @endpoint

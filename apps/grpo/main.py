@@ -93,13 +93,14 @@ async def _train(cfg: GRPOConfig) -> dict:
     dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
         Generator.options(with_gpus=gpus).as_actor(cfg.generator),
-        TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus).as_actor(
-            cfg.trainer.engine, cfg.trainer.loss
+        TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus, gpu_group="trainer").as_actor(
+            cfg.trainer.engine, cfg.trainer.loss, weights_dtype=cfg.generator.dtype
         ),
         ReplayBuffer.as_actor(cfg.replay_buffer, pad_id, cfg.dp_size),
         RewardActor.as_actor(cfg.reward),
         ComputeAdvantages.as_actor(cfg.rollout.advantage),
-        ReferenceModel.options(with_gpus=gpus).as_actor(
+        # On the trainer's GPU: a KL term needs no GPU of its own.
+        ReferenceModel.options(with_gpus=gpus, gpu_group="trainer").as_actor(
             cfg.trainer.engine, cfg.generator.sampling.temperature
         )
         if cfg.use_reference

@@ -7,7 +7,14 @@ import signal
 import pytest
 from monarch.actor import ActorError, endpoint
 
-from forge.controller import ForgeActor, NoHealthyReplicaError, get_provisioner, shutdown
+from forge.controller import (
+    ForgeActor,
+    NoHealthyReplicaError,
+    ProvisionerConfig,
+    get_provisioner,
+    init_provisioner,
+    shutdown,
+)
 
 
 class Counter(ForgeActor):
@@ -154,23 +161,38 @@ def test_gpus_are_given_out_per_mesh_from_the_users_visible_devices(monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
 
     async def main():
-        first = await Counter.options(with_gpus=True).as_actor(0)
+        first = await Counter.options(with_gpus=True, gpu_group="trainer").as_actor(0)
         second = await Counter.options(with_gpus=True).as_actor(0)
-        assert {
-            await first.env.call_one("CUDA_VISIBLE_DEVICES"),
-            await second.env.call_one("CUDA_VISIBLE_DEVICES"),
-        } == {
-            "3",
-            "5",
-        }
+        seen = await first.env.call_one("CUDA_VISIBLE_DEVICES")
+        # Each mesh sees its own GPU first (its cuda:0), then the others (for CUDA IPC).
+        assert {seen, await second.env.call_one("CUDA_VISIBLE_DEVICES")} == {"3,5", "5,3"}
+        # A mesh of the same GPU group gets the group's GPU instead of a third one.
+        sharing = await Counter.options(with_gpus=True, gpu_group="trainer").as_actor(0)
+        assert await sharing.env.call_one("CUDA_VISIBLE_DEVICES") == seen
         with pytest.raises(RuntimeError, match="needs 1 GPU\\(s\\) but all GPUs are taken"):
             await Counter.options(with_gpus=True).as_actor(0)
-        freed = await first.env.call_one("CUDA_VISIBLE_DEVICES")
+        with pytest.raises(RuntimeError, match="needs 2 GPU\\(s\\) but its GPU group 'trainer' has 1"):
+            await Counter.options(procs=2, with_gpus=True, gpu_group="trainer").as_actor(0)
         await Counter.shutdown(first)
+        with pytest.raises(RuntimeError, match="all GPUs are taken"):  # `sharing` still uses it
+            await Counter.options(with_gpus=True).as_actor(0)
+        await Counter.shutdown(sharing)
         third = await Counter.options(with_gpus=True).as_actor(0)
-        assert await third.env.call_one("CUDA_VISIBLE_DEVICES") == freed  # a stopped mesh gives its GPU back
+        assert await third.env.call_one("CUDA_VISIBLE_DEVICES") == seen  # a stopped group gives its GPU back
         cpu_only = await Counter.as_actor(0)
         assert await cpu_only.env.call_one("CUDA_VISIBLE_DEVICES") == ""  # no GPU asked for, none visible
+        await shutdown()
+
+    run(main())
+
+
+def test_colocate_puts_every_gpu_mesh_on_the_same_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+
+    async def main():
+        await init_provisioner(ProvisionerConfig(colocate=True))
+        meshes = [await Counter.options(with_gpus=True).as_actor(0) for _ in range(3)]
+        assert [await m.env.call_one("CUDA_VISIBLE_DEVICES") for m in meshes] == ["3,5"] * 3
         await shutdown()
 
     run(main())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
 from monarch.actor import current_rank, endpoint
 from pydantic import model_validator
 
@@ -33,9 +34,11 @@ class LossConfig(ForgeConfigModel):
 class TitanTrainer(ForgeActor):
     """Runs on `procs` ranks (data parallel); every endpoint is called on all ranks."""
 
-    def __init__(self, engine: TitanEngineConfig, loss: LossConfig):
+    def __init__(self, engine: TitanEngineConfig, loss: LossConfig, weights_dtype: str | None = None):
         self.engine_config = engine
         self.loss_config = loss
+        # The dtype the weights travel in: the generator's. None keeps the parameters' own.
+        self.weights_dtype = weights_dtype
 
     @endpoint
     async def setup(self) -> None:
@@ -77,7 +80,8 @@ class TitanTrainer(ForgeActor):
     @endpoint
     async def push_weights(self, version: int) -> None:
         """Publishes the current weights (HF names) to the store as `version`."""
-        state_dict = self.engine.hf_state_dict()  # a collective: every rank gathers
+        dtype = getattr(torch, self.weights_dtype) if self.weights_dtype else None
+        state_dict = self.engine.hf_state_dict(dtype)  # a collective: every rank gathers
         if self.rank == 0:
             started = time.perf_counter()
             await store.put_state_dict(version, state_dict)

@@ -17,7 +17,7 @@ from monarch.actor import Actor, endpoint
 
 from forge.controller.provisioner import get_provisioner
 
-_OPTION_NAMES = ("procs", "hosts", "with_gpus", "num_replicas", "mesh_name")
+_OPTION_NAMES = ("procs", "hosts", "with_gpus", "gpu_group", "num_replicas", "mesh_name")
 _spawn_counter = itertools.count()
 
 
@@ -26,6 +26,8 @@ class ForgeActor(Actor):
     procs: int = 1
     hosts: int | None = None
     with_gpus: bool = False
+    # Meshes of one GPU group share GPUs (see forge.controller.provisioner).
+    gpu_group: str | None = None
     num_replicas: int = 1
     mesh_name: str | None = None
 
@@ -51,7 +53,12 @@ class ForgeActor(Actor):
 
     @classmethod
     def _placement(cls) -> dict[str, Any]:
-        return {"procs": cls.procs, "hosts": cls.hosts, "with_gpus": cls.with_gpus}
+        return {
+            "procs": cls.procs,
+            "hosts": cls.hosts,
+            "with_gpus": cls.with_gpus,
+            "gpu_group": cls.gpu_group,
+        }
 
     @classmethod
     def _unique_name(cls) -> str:

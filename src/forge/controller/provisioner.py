@@ -3,7 +3,13 @@
 One provisioner per program (`init_provisioner`). Every mesh it creates gets, in each of
 its processes, MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK (so an engine inside can
 `init_process_group` without knowing about Monarch) and, when GPUs were asked for,
-CUDA_VISIBLE_DEVICES restricted to the GPUs given to that mesh.
+CUDA_VISIBLE_DEVICES listing the mesh's own GPUs first (so `cuda:LOCAL_RANK` is its own) and then
+the program's other GPUs: a generator can then map the trainer's GPU memory by CUDA IPC
+(`forge.store.cuda_ipc`), which fails when that GPU is hidden from it.
+
+GPUs are handed out per mesh, or per GPU group: meshes launched with the same `gpu_group`
+share the GPUs of the group's first mesh (the reference model on the trainer's GPU; or, with
+`colocate`, every model actor on one GPU).
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ class ProvisionerConfig(ForgeConfigModel):
 
     # Seconds to wait for a mesh to stop before giving up on it at shutdown.
     stop_timeout_s: float = 30.0
+    # Every model actor (trainer, generator, reference) on the same GPU(s): one-GPU runs. The
+    # generator's KV cache and the trainer then split the GPU's memory (see generator config).
+    colocate: bool = False
 
 
 @dataclass
@@ -36,6 +45,7 @@ class _MeshRecord:
     mesh: ProcMesh
     name: str
     gpus: list[str] = field(default_factory=list)
+    gpu_group: str | None = None
 
 
 def _free_port() -> int:
@@ -68,21 +78,28 @@ def _set_process_env(world_size: int, master_port: int, gpus: list[str]) -> None
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size),
     )
-    # Set before anything touches CUDA, so each mesh sees only its own GPUs.
+    # Set before anything touches CUDA: the mesh's own GPUs first, then the others.
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
 
 
 class Provisioner:
     def __init__(self, cfg: ProvisionerConfig | None = None):
         self.cfg = cfg or ProvisionerConfig()
-        self._free_gpus = _visible_gpus()
+        self._all_gpus = _visible_gpus()
+        self._free_gpus = list(self._all_gpus)
         self._meshes: list[_MeshRecord] = []
         self._lock = asyncio.Lock()
         supervision.add_companion_mesh(FETCHER_MESH_NAME)
 
     async def get_proc_mesh(
-        self, procs: int = 1, hosts: int | None = None, with_gpus: bool = False, name: str = "mesh"
+        self,
+        procs: int = 1,
+        hosts: int | None = None,
+        with_gpus: bool = False,
+        name: str = "mesh",
+        gpu_group: str | None = None,
     ) -> ProcMesh:
+        """A new mesh of `procs` processes; with `with_gpus`, one GPU each, its own or its group's."""
         if hosts not in (None, 1):
             # The seam for multi-host: a host mesh from monarch's `attach_to_workers` (hosts
             # running `run_worker_loop_forever`) would replace `this_host()` below.
@@ -91,14 +108,34 @@ class Provisioner:
                 "host only; use hosts=1"
             )
         async with self._lock:
-            gpus = self._take_gpus(procs, name) if with_gpus else []
-            bootstrap = functools.partial(_set_process_env, procs, _free_port(), gpus)
+            gpus = self._gpus_for(procs, name, gpu_group) if with_gpus else []
+            visible = gpus + [g for g in self._all_gpus if g not in gpus] if gpus else []
+            bootstrap = functools.partial(_set_process_env, procs, _free_port(), visible)
             mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=name)
-            self._meshes.append(_MeshRecord(mesh, name, gpus))
+            self._meshes.append(_MeshRecord(mesh, name, gpus, gpu_group))
         await mesh.initialized
         await register_mesh(name, mesh)
         logger.info("started mesh %s: %d procs, gpus=%s", name, procs, gpus or "none")
         return mesh
+
+    def _gpus_for(self, procs: int, name: str, gpu_group: str | None) -> list[str]:
+        """With `colocate`, the program's first GPUs; else the group's GPUs when another mesh of
+        `gpu_group` holds some; else newly taken ones."""
+        if self.cfg.colocate:
+            if procs > len(self._all_gpus):
+                raise RuntimeError(
+                    f"mesh '{name}' needs {procs} GPU(s); this program sees {len(self._all_gpus)}"
+                )
+            return self._all_gpus[:procs]
+        holder = next((r for r in self._meshes if gpu_group and r.gpu_group == gpu_group and r.gpus), None)
+        if holder is None:
+            return self._take_gpus(procs, name)
+        if procs > len(holder.gpus):
+            raise RuntimeError(
+                f"mesh '{name}' needs {procs} GPU(s) but its GPU group '{gpu_group}' has "
+                f"{len(holder.gpus)} ({','.join(holder.gpus)}): lower its procs or leave the group"
+            )
+        return holder.gpus[:procs]
 
     def _take_gpus(self, procs: int, name: str) -> list[str]:
         if not self._free_gpus:
@@ -119,7 +156,8 @@ class Provisioner:
         if record is None:
             return
         self._meshes.remove(record)
-        self._free_gpus.extend(record.gpus)
+        still_used = {g for r in self._meshes for g in r.gpus}
+        self._free_gpus.extend(g for g in record.gpus if g not in still_used and g not in self._free_gpus)
         await unregister_mesh(record.name)
         try:
             await asyncio.wait_for(mesh.stop(), self.cfg.stop_timeout_s)

@@ -76,6 +76,9 @@ class GRPOConfig(ForgeConfigModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
+        if self.generator.sampling.seed is None:
+            # The run's seed reaches the sampling (each sample seeded by its prompt and index).
+            self.generator.sampling.seed = self.seed
         loss_temperature = self.trainer.loss.params.get("temperature", 1.0)
         if loss_temperature != self.generator.sampling.temperature:
             raise ValueError(

@@ -1,6 +1,17 @@
 """GRPO: continuous rollouts and continuous training, joined by the replay buffer.
 
 python -m apps.grpo.main --config configs/grpo/tiny_cpu.yaml [key=value ...]
+
+    rollout loops (x rollout.threads)            training loop
+    ---------------------------------            -------------
+    wait: staleness bound allows a rollout       wait: a batch is buffered
+    prompts -> Generator (newest weights,        ReplayBuffer.sample -> TitanTrainer.train_step
+      at least version T - max_policy_age)       TitanTrainer.push_weights(T+1): snapshot, then
+      -> reward -> advantages -> reference         store put in the background -> generators
+      -> ReplayBuffer.add                          pick it up before their next request
+
+The staleness bound (forge.staleness) pauses rollouts whose episodes could only go stale;
+the training loop waits for nothing but a batch.
 """
 
 from __future__ import annotations
@@ -31,6 +42,8 @@ from forge.data.rewards import get_reward_fn
 from forge.engines.generation import check_model_dir
 from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.rollout import greedy_accuracy, rollout_step
+from forge.staleness import StalenessBound
+from forge.weight_sync import resolve_transport
 
 
 def ensure_warm_start(cfg: GRPOConfig) -> None:
@@ -63,6 +76,7 @@ def progress_line(step: int, row: dict, accuracy: float | None, step_s: float) -
         f"policy age {row.get('buffer/policy_age_mean', float('nan')):.2f}",
         f"gen {row.get('generator/tokens_per_s', float('nan')):.0f} tok/s",
         f"sync {row.get('grpo/weight_sync_ms', float('nan')):.0f} ms",
+        f"wait {row.get('grpo/wait_batch_ms', float('nan')):.0f} ms",
         f"{step_s:.2f} s/step",
     ]
     return " | ".join(parts)
@@ -75,7 +89,7 @@ async def run(cfg: GRPOConfig) -> dict:
     save_config(cfg, out / "config.yaml")
     if cfg.actor_threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
-    await init_provisioner(cfg.provisioner)
+    await init_provisioner(cfg.provisioner, seed=cfg.seed)
     try:
         return await _train(cfg)
     finally:
@@ -89,12 +103,19 @@ async def _train(cfg: GRPOConfig) -> dict:
     from transformers import AutoTokenizer
 
     pad_id = AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
+    transport = resolve_transport(cfg.generator.weight_transport)
     gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
     dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
-        Generator.options(with_gpus=gpus).as_actor(cfg.generator),
+        Generator.options(with_gpus=gpus).as_actor(
+            cfg.generator.model_copy(update={"weight_transport": transport})
+        ),
         TitanTrainer.options(procs=cfg.trainer.procs, with_gpus=gpus, gpu_group="trainer").as_actor(
-            cfg.trainer.engine, cfg.trainer.loss, weights_dtype=cfg.generator.dtype
+            cfg.trainer.engine,
+            cfg.trainer.loss,
+            weights_dtype=cfg.generator.dtype,
+            keep_weight_versions=cfg.keep_weight_versions,
+            weight_transport=transport,
         ),
         ReplayBuffer.as_actor(cfg.replay_buffer, pad_id, cfg.dp_size),
         RewardActor.as_actor(cfg.reward),
@@ -109,55 +130,63 @@ async def _train(cfg: GRPOConfig) -> dict:
     eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
     score_fn = get_reward_fn(cfg.eval.reward_fn)
     stop = asyncio.Event()
+    bound = StalenessBound(cfg.replay_buffer.max_policy_age, cfg.replay_buffer.batch_size)
+    rollout_episodes = cfg.rollout.prompts_per_step * cfg.rollout.group_size
 
     async def continuous_rollouts() -> None:
+        """Waits for the staleness bound to allow a rollout, then makes one into the buffer."""
         while not stop.is_set():
-            await rollout_step(
-                dataset=dataset,
-                generator=generator,
-                reward=reward,
-                advantages=advantages,
-                reference=reference,
-                replay_buffer=replay_buffer,
-                prompts_per_step=cfg.rollout.prompts_per_step,
-                group_size=cfg.rollout.group_size,
-                skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
-            )
+            min_version = await bound.start_rollout(rollout_episodes)
+            added: list[int] = []
+            try:
+                added = await rollout_step(
+                    dataset=dataset,
+                    generator=generator,
+                    reward=reward,
+                    advantages=advantages,
+                    reference=reference,
+                    replay_buffer=replay_buffer,
+                    prompts_per_step=cfg.rollout.prompts_per_step,
+                    group_size=cfg.rollout.group_size,
+                    skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
+                    min_version=min_version,
+                )
+            finally:
+                await bound.finish_rollout(rollout_episodes, added)
 
-    async def evaluate() -> float:
-        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens)
+    async def evaluate(version: int) -> float:
+        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens, version)
 
     async def continuous_training() -> dict:
-        accuracy = await evaluate()
-        history = {"eval_accuracy": [(0, accuracy)], "generator_versions": []}
+        """Waits only for a batch; publishing the new weights overlaps the next step."""
+        accuracy = await evaluate(0)
+        history = {"eval_accuracy": [(0, accuracy)]}
         print(f"step    0 | eval acc {accuracy:.3f} (initial policy)", flush=True)
         version = 0
         for step in range(1, cfg.max_steps + 1):
             started = time.perf_counter()
+            await bound.wait_for_batch()
+            # The bound mirrors the buffer, so the first sample normally has a batch.
             while (batch := await replay_buffer.sample.call_one(version)) is None:
                 await asyncio.sleep(0.05)
+            record_metric("grpo/wait_batch_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
             await trainer.train_step.call(batch)
             version += 1
             sync_started = time.perf_counter()
             await trainer.push_weights.call(version)
-            await generator.update_weights.call_one(version)
-            history["generator_versions"].append(await generator.get_version.call_one())
             record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
-            record_metric(
-                "grpo/trained_policy_age_max",
-                version - 1 - min(int(b.policy_versions.min()) for b in batch),
-                Reduce.MAX,
-            )
-            for old in (await store.versions())[: -cfg.keep_weight_versions]:
-                await store.delete(old)
+            episode_versions = [int(v) for b in batch for v in b.policy_versions]
+            record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
+            await bound.trained(episode_versions)
             accuracy = None
             if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
-                accuracy = await evaluate()
+                accuracy = await evaluate(version)
                 record_metric("eval/accuracy", accuracy, Reduce.MEAN)
                 history["eval_accuracy"].append((step, accuracy))
             record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
             row = await metric_logger.flush(step)
             print(progress_line(step, row, accuracy, time.perf_counter() - started), flush=True)
+        await trainer.wait_published.call()
         return history
 
     rollouts = [asyncio.create_task(continuous_rollouts()) for _ in range(cfg.rollout.threads)]

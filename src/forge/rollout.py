@@ -58,15 +58,19 @@ async def rollout_step(
     prompts_per_step: int,
     group_size: int,
     skip_groups_without_signal: bool,
-) -> int:
-    """Samples prompts, generates a group per prompt, scores it and adds it to the buffer.
+    min_version: int = 0,
+) -> list[int]:
+    """Samples prompts, generates a group per prompt with a policy of at least `min_version`,
+    scores it and adds it to the buffer.
 
-    Returns the number of episodes added. A group whose rewards are all equal has zero
+    Returns the policy versions of the episodes added. A group whose rewards are all equal has zero
     advantage everywhere: with `skip_groups_without_signal` it is not added (DAPO's dynamic
     sampling), and counted in `rollout/groups_skipped`.
     """
     rows = await _call(dataset.sample_batch)(prompts_per_step)
-    groups = await _call(generator.generate_batch)([r["prompt"] for r in rows], n=group_size)
+    groups = await _call(generator.generate_batch)(
+        [r["prompt"] for r in rows], [r["index"] for r in rows], min_version, n=group_size
+    )
     scored = await score_groups(rows, groups, reward, advantages)
     kept = [
         g for g in scored if not skip_groups_without_signal or has_signal(torch.tensor([e.reward for e in g]))
@@ -78,19 +82,22 @@ async def rollout_step(
         record_metric("rollout/response_len", e.response_len, Reduce.MEAN)
         record_metric("rollout/reward", e.reward, Reduce.MEAN)
     if not episodes:
-        return 0
+        return []
     if reference is not None:
         await add_reference_logprobs(episodes, reference)
     await _call(replay_buffer.add_many)(episodes)
-    return len(episodes)
+    return [e.policy_version for e in episodes]
 
 
-async def greedy_accuracy(generator, rows: list[dict], score_fn, max_tokens: int) -> float:
-    """Fraction of `rows` whose greedy completion scores 1.0 under `score_fn`."""
+async def greedy_accuracy(
+    generator, rows: list[dict], score_fn, max_tokens: int, min_version: int = 0
+) -> float:
+    """Fraction of `rows` whose greedy completion, by a policy of at least `min_version`,
+    scores 1.0 under `score_fn`."""
     if not rows:
         return float("nan")
     groups = await _call(generator.generate_batch)(
-        [r["prompt"] for r in rows], n=1, temperature=0.0, max_tokens=max_tokens
+        [r["prompt"] for r in rows], None, min_version, n=1, temperature=0.0, max_tokens=max_tokens
     )
     correct = sum(
         score_fn(r["prompt"], g[0].text, r["target"]) == 1.0 for r, g in zip(rows, groups, strict=True)

@@ -178,3 +178,37 @@ def test_untied_model_and_from_pretrained(tmp_path):
 def test_rejects_empty_prompt(engine):
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate([[1, 2], []], SamplingParams())
+
+
+def test_a_seeded_sample_depends_on_its_key_and_index_not_on_its_batch(engine):
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=7)
+    together = engine.generate(PROMPTS, params, sample_keys=[10, 11, 12])
+    # The same (prompt, key) pairs drawn one call each, in another order, give the same samples.
+    # (Tokens are equal; logprobs to float tolerance, since padding changes the batched sums.)
+    alone = [engine.generate([PROMPTS[i]], params, sample_keys=[10 + i])[0] for i in (2, 0, 1)]
+    for one, other in zip([alone[1], alone[2], alone[0]], together, strict=True):
+        assert [s.token_ids for s in one] == [s.token_ids for s in other]
+        for s, t in zip(one, other, strict=True):
+            assert s.logprobs == pytest.approx(t.logprobs, abs=1e-5)
+    # A prompt's samples differ from each other, and another key gives other samples.
+    assert len({tuple(s.token_ids) for s in together[0]}) > 1
+    moved = engine.generate(PROMPTS, params, sample_keys=[13, 11, 12])
+    assert moved[0] != together[0] and moved[1:] == together[1:]
+    with pytest.raises(ValueError, match="one per prompt"):
+        engine.generate(PROMPTS, params, sample_keys=[1])
+
+
+def test_seeded_draws_follow_the_distribution():
+    """Inverse transform sampling over per-sample streams draws each token with its
+    probability: frequencies of 4000 first tokens against the model's distribution."""
+    engine = make_engine(seed=3)
+    params = SamplingParams(n=4000, temperature=1.5, max_tokens=1, seed=0)
+    [samples] = engine.generate([PROMPTS[1]], params)
+    counts = torch.bincount(torch.tensor([s.token_ids[0] for s in samples]), minlength=32).double()
+    with torch.no_grad():
+        logits = engine.model(input_ids=torch.tensor([PROMPTS[1]])).logits[0, -1].double()
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    # Each count is within 5 binomial standard deviations of its expectation.
+    sigma = (params.n * probs * (1 - probs)).sqrt()
+    assert ((counts - params.n * probs).abs() <= 5 * sigma + 1).all()
+    assert (counts[probs < 1e-6] == 0).all()

@@ -3,6 +3,15 @@
 Monarch runs one endpoint call of an actor at a time, so `update_weights` never lands in
 the middle of a `generate`: requests already running finish on the old weights, and every
 `Completion` carries the version that produced all of its tokens.
+
+With `sampling.seed` set, a sample is seeded by (seed, its prompt's sample key, its index):
+the rollout passes each prompt's position in the dataset's stream as its key, so a run
+draws the same samples however its prompts are batched, and a resumed run continues them.
+Calls without keys use the ordinal of the call instead.
+
+Weights: before each request the generator loads the newest complete version in the store,
+if there is a newer one (`forge.weight_sync.WeightPuller`); a request can ask for at least
+`min_version` and then waits for it. `update_weights(v)` loads exactly `v`.
 """
 
 from __future__ import annotations
@@ -12,12 +21,12 @@ from typing import Any, Literal
 
 from monarch.actor import endpoint
 
-from forge import store
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.data.types import Completion
-from forge.engines.generation import SamplingParams
+from forge.engines.generation import SamplingParams, sample_seed, to_completions
 from forge.observability import Reduce, record_metric
+from forge.weight_sync import WeightPuller, build_transport
 
 
 class GeneratorConfig(ForgeConfigModel):
@@ -28,6 +37,9 @@ class GeneratorConfig(ForgeConfigModel):
     engine: Literal["hf"] = "hf"
     dtype: Literal["float32", "bfloat16"] = "float32"
     sampling: SamplingParams = SamplingParams()
+    # How new weights reach this generator (forge.weight_sync): auto is cuda_ipc when the run
+    # has GPUs (trainer and generator on one host), store otherwise.
+    weight_transport: Literal["auto", "store", "cuda_ipc"] = "auto"
 
 
 def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None):
@@ -47,6 +59,7 @@ class Generator(ForgeActor):
     def __init__(self, cfg: GeneratorConfig):
         self.cfg = cfg
         self.version = 0
+        self._unkeyed_calls = 0
 
     @endpoint
     async def setup(self) -> None:
@@ -58,52 +71,66 @@ class Generator(ForgeActor):
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
         self.engine = build_generation_engine(self.cfg, self.tokenizer.eos_token_id)
         self._weights = None  # receive buffers, allocated on the first update
+        self._puller = WeightPuller(build_transport(self.cfg.weight_transport))
 
     @endpoint
-    async def generate(self, prompt: str, **sampling: Any) -> list[Completion]:
+    async def generate(self, prompt: str, min_version: int = 0, **sampling: Any) -> list[Completion]:
         """`n` completions of `prompt` (sampling defaults from config, overridden by kwargs)."""
-        return self._generate([prompt], sampling)[0]
+        await self._pick_up_newest(min_version)
+        return self._generate([prompt], None, sampling)[0]
 
     @endpoint
-    async def generate_batch(self, prompts: list[str], **sampling: Any) -> list[list[Completion]]:
-        """`n` completions of each prompt, sampled together in one batch."""
-        return self._generate(prompts, sampling)
+    async def generate_batch(
+        self,
+        prompts: list[str],
+        sample_keys: list[int] | None = None,
+        min_version: int = 0,
+        **sampling: Any,
+    ) -> list[list[Completion]]:
+        """`n` completions of each prompt, sampled together in one batch; `sample_keys` (one
+        per prompt) choose the seeded random streams (see the module docstring); the policy
+        is the newest published one, and at least `min_version`."""
+        await self._pick_up_newest(min_version)
+        return self._generate(prompts, sample_keys, sampling)
 
-    def _generate(self, prompts: list[str], overrides: dict[str, Any]) -> list[list[Completion]]:
+    def _receive_buffers(self) -> dict:
+        if self._weights is None:
+            self._weights = self.engine.hf_state_dict_template()
+        return self._weights
+
+    async def _pick_up_newest(self, min_version: int) -> None:
+        started = time.perf_counter()
+        loaded = await self._puller.pull_newest(self.version, self._receive_buffers(), min_version)
+        if loaded is not None:
+            self.engine.load_hf_state_dict(self._weights)
+            self.version = loaded
+            record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+
+    def _generate(
+        self, prompts: list[str], sample_keys: list[int] | None, overrides: dict[str, Any]
+    ) -> list[list[Completion]]:
         # Overrides are validated like config: an unknown or bad sampling key fails here.
         params = SamplingParams.model_validate({**self.cfg.sampling.model_dump(), **overrides})
+        if sample_keys is None:
+            sample_keys = [sample_seed(self._unkeyed_calls, i) for i in range(len(prompts))]
+            self._unkeyed_calls += 1
         prompt_ids = [self.tokenizer(p).input_ids for p in prompts]
         started = time.perf_counter()
-        outputs = self.engine.generate(prompt_ids, params)
+        outputs = self.engine.generate(prompt_ids, params, sample_keys)
         elapsed = time.perf_counter() - started
         tokens = sum(len(seq.token_ids) for group in outputs for seq in group)
         record_metric("generator/tokens_per_s", tokens / max(elapsed, 1e-9), Reduce.MEAN)
         record_metric("generator/generated_tokens", tokens, Reduce.SUM)
-        return [
-            [
-                Completion(
-                    prompt=prompt,
-                    prompt_ids=list(ids),
-                    response_ids=seq.token_ids,
-                    logprobs=seq.logprobs,
-                    text=self.tokenizer.decode(seq.token_ids, skip_special_tokens=True),
-                    stop_reason=seq.stop_reason,
-                    policy_version=self.version,
-                )
-                for seq in group
-            ]
-            for prompt, ids, group in zip(prompts, prompt_ids, outputs, strict=True)
-        ]
+        return to_completions(prompts, prompt_ids, outputs, self.tokenizer, self.version)
 
     @endpoint
     async def update_weights(self, version: int) -> None:
-        """Loads `version` from the store into preallocated buffers, then into the engine."""
+        """Loads `version` (waiting for it to be published) into preallocated buffers, then
+        into the engine."""
         if version == self.version:
             return
         started = time.perf_counter()
-        if self._weights is None:
-            self._weights = self.engine.hf_state_dict_template()
-        await store.get_state_dict(version, into=self._weights)
+        await self._puller.pull(version, self._receive_buffers())
         self.engine.load_hf_state_dict(self._weights)
         self.version = version
         record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)

@@ -1,7 +1,13 @@
-"""TitanTrainer: the policy's training step, weight publishing and checkpoints, as an actor."""
+"""TitanTrainer: the policy's training step, weight publishing and checkpoints, as an actor.
+
+`push_weights` copies the weights into a snapshot and returns; the store transfer runs in
+the background on this actor's event loop while the next `train_step` computes in a worker
+thread (forge.weight_sync.WeightPublisher).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -9,12 +15,12 @@ import torch
 from monarch.actor import current_rank, endpoint
 from pydantic import model_validator
 
-from forge import store
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.engines.titan.config import TitanEngineConfig
 from forge.observability import Reduce, record_metric
 from forge.rl.batch import PolicyBatch
+from forge.weight_sync import WeightPublisher, build_transport
 
 
 class LossConfig(ForgeConfigModel):
@@ -34,11 +40,20 @@ class LossConfig(ForgeConfigModel):
 class TitanTrainer(ForgeActor):
     """Runs on `procs` ranks (data parallel); every endpoint is called on all ranks."""
 
-    def __init__(self, engine: TitanEngineConfig, loss: LossConfig, weights_dtype: str | None = None):
+    def __init__(
+        self,
+        engine: TitanEngineConfig,
+        loss: LossConfig,
+        weights_dtype: str | None = None,
+        keep_weight_versions: int = 2,
+        weight_transport: str = "store",
+    ):
         self.engine_config = engine
         self.loss_config = loss
         # The dtype the weights travel in: the generator's. None keeps the parameters' own.
         self.weights_dtype = weights_dtype
+        self.keep_weight_versions = keep_weight_versions
+        self.weight_transport = weight_transport
 
     @endpoint
     async def setup(self) -> None:
@@ -48,12 +63,14 @@ class TitanTrainer(ForgeActor):
         self.engine = TitanEngine(self.engine_config, trainable=True)
         self.loss_fn = build_loss(self.loss_config.name, **self.loss_config.params)
         self.rank = current_rank().rank
+        self.publisher = WeightPublisher(self.keep_weight_versions, build_transport(self.weight_transport))
 
     @endpoint
     async def train_step(self, batches: list[PolicyBatch]) -> dict[str, float]:
         """One optimizer step; ``batches[r]`` is data-parallel rank r's share (the ranks of a
         tensor-parallel group read the same one)."""
-        metrics = self.engine.train_step(batches[self.engine.dp_rank], self.loss_fn)
+        # In a thread, so that a background weight publish progresses on the event loop.
+        metrics = await asyncio.to_thread(self.engine.train_step, batches[self.engine.dp_rank], self.loss_fn)
         if self.rank == 0:
             for key, value in metrics.items():
                 record_metric(key, value, Reduce.MEAN)
@@ -79,13 +96,19 @@ class TitanTrainer(ForgeActor):
 
     @endpoint
     async def push_weights(self, version: int) -> None:
-        """Publishes the current weights (HF names) to the store as `version`."""
+        """Publishes the current weights (HF names) as `version`: returns once they are copied,
+        the store transfer goes on in the background (`wait_published` waits for it)."""
         dtype = getattr(torch, self.weights_dtype) if self.weights_dtype else None
         state_dict = self.engine.hf_state_dict(dtype)  # a collective: every rank gathers
         if self.rank == 0:
             started = time.perf_counter()
-            await store.put_state_dict(version, state_dict)
+            await self.publisher.publish(version, state_dict)
             record_metric("trainer/push_weights_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+
+    @endpoint
+    async def wait_published(self) -> None:
+        """Until the last `push_weights` is in the store (raises if that failed)."""
+        await self.publisher.wait()
 
     @endpoint
     async def save(self, extra_state: dict | None = None) -> str:

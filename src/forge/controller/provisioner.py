@@ -5,7 +5,9 @@ its processes, MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK (so an engine 
 `init_process_group` without knowing about Monarch) and, when GPUs were asked for,
 CUDA_VISIBLE_DEVICES listing the mesh's own GPUs first (so `cuda:LOCAL_RANK` is its own) and then
 the program's other GPUs: a generator can then map the trainer's GPU memory by CUDA IPC
-(`forge.store.cuda_ipc`), which fails when that GPU is hidden from it.
+(`forge.store.cuda_ipc`), which fails when that GPU is hidden from it. With a `seed`, each
+process also seeds Python's and torch's global RNGs with (seed, its mesh's name, its rank)
+before any actor starts, so that what an actor draws from them repeats from run to run.
 
 GPUs are handed out per mesh, or per GPU group: meshes launched with the same `gpu_group`
 share the GPUs of the group's first mesh (the reference model on the trainer's GPU; or, with
@@ -18,6 +20,7 @@ import asyncio
 import functools
 import logging
 import os
+import random
 import socket
 from dataclasses import dataclass, field
 
@@ -67,7 +70,7 @@ def _visible_gpus() -> list[str]:
         return []
 
 
-def _set_process_env(world_size: int, master_port: int, gpus: list[str]) -> None:
+def _set_process_env(world_size: int, master_port: int, gpus: list[str], seed: int | None) -> None:
     """Runs first in every process of a new mesh (Monarch's bootstrap hook)."""
     rank = current_rank().rank
     os.environ.update(
@@ -80,11 +83,26 @@ def _set_process_env(world_size: int, master_port: int, gpus: list[str]) -> None
     )
     # Set before anything touches CUDA: the mesh's own GPUs first, then the others.
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    if seed is not None:
+        import torch
+
+        random.seed(seed + rank)
+        torch.manual_seed(seed + rank)
+
+
+def _mesh_seed(seed: int, mesh_name: str) -> int:
+    """Mesh names end in a spawn counter (`Generator_3`); the seed must not depend on it, so
+    that a run seeds an actor the same however many meshes were started before it."""
+    from forge.engines.generation import sample_seed
+
+    base = mesh_name.rstrip("0123456789").rstrip("_")
+    return sample_seed(seed, int.from_bytes(base.encode()[:8], "little")) % 2**32
 
 
 class Provisioner:
-    def __init__(self, cfg: ProvisionerConfig | None = None):
+    def __init__(self, cfg: ProvisionerConfig | None = None, seed: int | None = None):
         self.cfg = cfg or ProvisionerConfig()
+        self.seed = seed
         self._all_gpus = _visible_gpus()
         self._free_gpus = list(self._all_gpus)
         self._meshes: list[_MeshRecord] = []
@@ -110,7 +128,8 @@ class Provisioner:
         async with self._lock:
             gpus = self._gpus_for(procs, name, gpu_group) if with_gpus else []
             visible = gpus + [g for g in self._all_gpus if g not in gpus] if gpus else []
-            bootstrap = functools.partial(_set_process_env, procs, _free_port(), visible)
+            seed = None if self.seed is None else _mesh_seed(self.seed, name)
+            bootstrap = functools.partial(_set_process_env, procs, _free_port(), visible, seed)
             mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=name)
             self._meshes.append(_MeshRecord(mesh, name, gpus, gpu_group))
         await mesh.initialized
@@ -173,10 +192,11 @@ class Provisioner:
 _provisioner: Provisioner | None = None
 
 
-async def init_provisioner(cfg: ProvisionerConfig | None = None) -> Provisioner:
+async def init_provisioner(cfg: ProvisionerConfig | None = None, seed: int | None = None) -> Provisioner:
+    """The program's provisioner; `seed` seeds the global RNGs of every process it starts."""
     global _provisioner
     if _provisioner is None:
-        _provisioner = Provisioner(cfg)
+        _provisioner = Provisioner(cfg, seed)
     return _provisioner
 
 

@@ -71,6 +71,7 @@ class EpisodeBuffer:
             age = curr_policy_version - ep.policy_version
             record_metric("buffer/policy_age_mean", age, Reduce.MEAN)
             record_metric("buffer/policy_age_max", age, Reduce.MAX)
+            record_metric("buffer/sampled_reward", ep.reward, Reduce.MEAN)
         per_rank = self.cfg.batch_size // self.dp_size
         return [batch[r * per_rank : (r + 1) * per_rank] for r in range(self.dp_size)]
 

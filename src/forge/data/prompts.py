@@ -9,12 +9,14 @@ comes next.
 from __future__ import annotations
 
 import random
-from typing import Literal
+from typing import Any, Literal
 
 from forge.config import ForgeConfigModel
 from forge.data.toy_task import ToyTaskConfig, make_splits
 
-Row = dict[str, str]
+# {"prompt", "target"}; rows drawn from a cursor also carry "index", their position in the
+# cursor's endless stream (the generator's sample key: see forge.actors.generator).
+Row = dict[str, Any]
 
 
 class PromptDataConfig(ForgeConfigModel):
@@ -82,7 +84,7 @@ class PromptCursor:
         if self.position == len(self._order):
             self.epoch, self.position = self.epoch + 1, 0
             self._order = self._shuffled(self.epoch)
-        row = self.rows[self._order[self.position]]
+        row = {**self.rows[self._order[self.position]], "index": self.epoch * len(self.rows) + self.position}
         self.position += 1
         return row
 

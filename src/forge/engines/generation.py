@@ -11,8 +11,19 @@ what the trainer recomputes, so the importance ratio is 1 for on-policy data. Wi
 filtering on, the reported values are renormalized over the kept tokens and no longer
 match the trainer's unfiltered recomputation. ``temperature=0`` means greedy decoding;
 its logprobs are those of the unscaled distribution, ``log_softmax(logits)``.
+
+Seeding (shared by all engines): with ``SamplingParams.seed`` set, sample ``j`` of prompt
+``i`` draws from its own random stream, seeded by ``sample_seed(seed, keys[i], j)``, where
+``keys[i]`` is the prompt's sample key given by the caller (``generate(..., sample_keys=)``,
+e.g. the prompt's position in the dataset's stream) and defaults to ``i``. A sample thus
+depends on the seed, its prompt's key and its index, not on which call or batch it was
+drawn in: two runs that generate the same (prompt, key) pairs in any grouping draw the same
+samples, which is what exact resume and the async == serial check need. (vLLM maps this to
+one request per prompt with ``seed=sample_seed(seed, keys[i])``.) Without a seed, engines
+draw from the process's global RNG.
 """
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from forge.data.types import StopReason
+from forge.data.types import Completion, StopReason
 
 
 class SamplingParams(BaseModel):
@@ -36,7 +47,9 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[int] = Field(
         default_factory=list, description="tokens that end a sample, in addition to the model's eos"
     )
-    seed: int | None = Field(default=None, description="same seed and inputs give the same samples")
+    seed: int | None = Field(
+        default=None, description="base seed: each sample is seeded by (seed, its prompt's key, its index)"
+    )
 
 
 @dataclass
@@ -50,14 +63,24 @@ class GeneratedSequence:
     stop_reason: StopReason
 
 
+def sample_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (a stable hash: the same in every process and run)."""
+    digest = hashlib.blake2b(",".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
 class GenerationEngine(ABC):
     """Samples completions and receives new weights in Hugging Face parameter names."""
 
     @abstractmethod
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        sample_keys: Sequence[int] | None = None,
     ) -> list[list[GeneratedSequence]]:
-        """Returns ``params.n`` samples for each prompt, in prompt order."""
+        """Returns ``params.n`` samples for each prompt, in prompt order. ``sample_keys`` (one
+        per prompt) choose the random streams when ``params.seed`` is set (module docstring)."""
 
     @abstractmethod
     def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
@@ -69,6 +92,31 @@ class GenerationEngine(ABC):
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copies the weights into the engine's parameters in place. Raises ``ValueError``
         naming missing/unexpected keys and shape mismatches, before copying anything."""
+
+
+def to_completions(
+    prompts: Sequence[str],
+    prompt_ids: Sequence[Sequence[int]],
+    outputs: list[list[GeneratedSequence]],
+    tokenizer,
+    policy_version: int,
+) -> list[list[Completion]]:
+    """An engine's samples as `Completion`s (text decoded without special tokens)."""
+    return [
+        [
+            Completion(
+                prompt=prompt,
+                prompt_ids=list(ids),
+                response_ids=seq.token_ids,
+                logprobs=seq.logprobs,
+                text=tokenizer.decode(seq.token_ids, skip_special_tokens=True),
+                stop_reason=seq.stop_reason,
+                policy_version=policy_version,
+            )
+            for seq in group
+        ]
+        for prompt, ids, group in zip(prompts, prompt_ids, outputs, strict=True)
+    ]
 
 
 def check_model_dir(path: str, key: str) -> None:

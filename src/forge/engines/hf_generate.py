@@ -13,7 +13,7 @@ from os import PathLike
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
 
-from forge.engines.generation import GeneratedSequence, GenerationEngine, SamplingParams
+from forge.engines.generation import GeneratedSequence, GenerationEngine, SamplingParams, sample_seed
 
 logger = logging.getLogger(__name__)
 
@@ -66,15 +66,22 @@ class HFGenerateEngine(GenerationEngine):
 
     @torch.inference_mode()
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        sample_keys: Sequence[int] | None = None,
     ) -> list[list[GeneratedSequence]]:
         if not prompt_ids:
             return []
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("every prompt needs at least one token (e.g. a bos token); got an empty prompt")
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        if sample_keys is not None and len(sample_keys) != len(prompt_ids):
+            raise ValueError(
+                f"{len(sample_keys)} sample keys for {len(prompt_ids)} prompts: give one per prompt"
+            )
+        uniforms = None
+        if params.seed is not None and params.temperature > 0.0:
+            uniforms = _row_uniforms(params, sample_keys or range(len(prompt_ids))).to(self.device)
 
         # Row r samples prompt r // n: the n samples of a prompt are adjacent.
         rows = [list(p) for p in prompt_ids for _ in range(params.n)]
@@ -96,7 +103,7 @@ class HFGenerateEngine(GenerationEngine):
 
         logits = self._forward(input_ids, attention_mask, position_ids, cache)
         for step in range(params.max_tokens):
-            tokens, logprobs = _sample(logits, params, generator)
+            tokens, logprobs = _sample(logits, params, None if uniforms is None else uniforms[:, step])
             tokens = tokens.masked_fill(finished, self.pad_token_id)
             step_tokens.append(tokens)
             step_logprobs.append(logprobs)
@@ -212,18 +219,44 @@ class HFGenerateEngine(GenerationEngine):
             param.copy_(state_dict[name])
 
 
+def _row_uniforms(params: SamplingParams, keys: Sequence[int]) -> torch.Tensor:
+    """``[rows, max_tokens]`` uniforms; row ``i * n + j`` (sample j of prompt i) comes from its
+    own generator seeded by ``(seed, keys[i], j)``, so it does not depend on the batch."""
+    rows = []
+    for key in keys:
+        for j in range(params.n):
+            stream = torch.Generator().manual_seed(sample_seed(params.seed, key, j))
+            rows.append(torch.rand(params.max_tokens, generator=stream, dtype=torch.float64))
+    return torch.stack(rows)
+
+
 def _sample(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Samples one token per row; returns the tokens and their logprobs under the distribution
-    sampled from (see ``forge.engines.generation`` for the exact semantics)."""
+    sampled from (see ``forge.engines.generation`` for the exact semantics). With ``uniforms``
+    (one per row), by inverse transform sampling: each row's draw is its own."""
     if params.temperature == 0.0:
         tokens = logits.argmax(dim=-1)
         logprobs = torch.log_softmax(logits, dim=-1)
     else:
         logprobs = torch.log_softmax(_filter(logits / params.temperature, params), dim=-1)
-        tokens = torch.multinomial(logprobs.exp(), num_samples=1, generator=generator).squeeze(-1)
+        probs = logprobs.exp()
+        if uniforms is None:
+            tokens = torch.multinomial(probs, num_samples=1).squeeze(-1)
+        else:
+            tokens = _inverse_transform(probs.double(), uniforms)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _inverse_transform(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The first token whose cumulative probability exceeds ``u * total``: a token of zero
+    probability can never be it, except past the end through rounding, where the last token
+    of nonzero probability is taken instead."""
+    cdf = probs.cumsum(dim=-1)
+    tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    last_possible = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(dim=-1)
+    return torch.where(tokens >= probs.shape[-1], last_possible, tokens)
 
 
 def _filter(scaled_logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -164,6 +164,20 @@ async def delete(version: int, prefix: str = DEFAULT_PREFIX) -> None:
     await _bounded(ts.delete(f"{base}.{name}", store_name=_STORE_NAME) for name in manifest)
 
 
+async def put_object(version: int, obj: object, prefix: str) -> None:
+    """Publishes one small picklable object as `version` under `prefix` (e.g. the handle of a
+    version whose tensors travel another way); `versions(prefix)` lists it."""
+    await ts.put(_manifest_key(version, prefix), obj, store_name=_STORE_NAME)
+
+
+async def get_object(version: int, prefix: str) -> object:
+    return await _manifest(version, prefix)
+
+
+async def delete_object(version: int, prefix: str) -> None:
+    await ts.delete(_manifest_key(version, prefix), store_name=_STORE_NAME)
+
+
 _VERSION_RE = re.compile(r"\.v(\d+)$")
 
 

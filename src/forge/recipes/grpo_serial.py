@@ -1,0 +1,139 @@
+"""GRPO in one process, one thing at a time: the readable recipe, and the reference the actor
+pipeline (apps/grpo) is tested against.
+
+Each step, top to bottom:
+  1. rollouts: draw prompts, sample a group of completions per prompt from the current
+     policy, score them, give each a group-relative advantage, and put the groups that carry
+     a learning signal in the replay buffer, until it holds a batch;
+  2. one optimizer step of the policy on a batch drawn from the buffer;
+  3. the sampling engine takes the new weights.
+
+It uses the app's configuration (apps.grpo.config.GRPOConfig) and the very pieces the actors
+wrap (the engines, the reward scorer, the advantage function, the buffer's logic, the
+seeded sampling), so with `replay_buffer.max_policy_age: 0` and one rollout loop the app
+produces the same episodes, losses and rewards step for step (tests/grpo/test_async_equals_serial.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from forge.actors.generator import build_generation_engine
+from forge.data.episode_buffer import EpisodeBuffer
+from forge.data.prompts import PromptCursor, load_prompt_rows
+from forge.data.rewards import RewardScorer, get_reward_fn
+from forge.data.types import Episode
+from forge.engines.generation import SamplingParams, to_completions
+from forge.engines.titan.engine import TitanEngine
+from forge.observability import Reduce, record_metric
+from forge.observability.collector import pop_state
+from forge.rl.advantage import group_advantages, has_signal
+from forge.rl.batch import PolicyBatch, pad_sequences, response_rows
+from forge.rl.losses import build_loss
+from forge.rl.ops import compute_logprobs
+
+
+def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
+    """Trains for `cfg.max_steps` steps (cfg: the GRPO app's config, with one data-parallel
+    rank). Returns `{"metrics": one row per step, with the app's metric names and "step",
+    "eval_accuracy": [(step, accuracy), ...] from step 0}`; `on_step(step, row)` sees each
+    row as it is made. Runs torch on `cfg.actor_threads` threads, as each of the app's
+    actors does."""
+    if cfg.actor_threads is not None:
+        torch.set_num_threads(cfg.actor_threads)
+    torch.manual_seed(cfg.seed)
+    pop_state()  # this run's metrics only
+    tokenizer = AutoTokenizer.from_pretrained(cfg.policy_path)
+    pad_id = tokenizer.pad_token_id or 0
+
+    # The policy is trained by TorchTitan and sampled by a separate engine, as in the app:
+    # the two hold the same weights after every step.
+    policy = TitanEngine(cfg.trainer.engine, trainable=True)
+    sampler = build_generation_engine(cfg.generator, tokenizer.eos_token_id)
+    reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
+    loss_fn = build_loss(cfg.trainer.loss.name, **cfg.trainer.loss.params)
+    scorer = RewardScorer([(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward)
+    train_rows, eval_rows = load_prompt_rows(cfg.dataset)
+    prompts = PromptCursor(train_rows, cfg.dataset.seed)
+    buffer = EpisodeBuffer(cfg.replay_buffer)
+    sampling = cfg.generator.sampling.model_copy(update={"n": cfg.rollout.group_size})
+    eval_rows = eval_rows[: cfg.eval.num_prompts]
+    eval_score = get_reward_fn(cfg.eval.reward_fn)
+
+    def generate(rows: list[dict], params: SamplingParams, sample_keys: list[int] | None, version: int):
+        ids = [tokenizer(r["prompt"]).input_ids for r in rows]
+        outputs = sampler.generate(ids, params, sample_keys)
+        return to_completions([r["prompt"] for r in rows], ids, outputs, tokenizer, version)
+
+    def rollout(version: int) -> None:
+        rows = [prompts.next() for _ in range(cfg.rollout.prompts_per_step)]
+        groups = generate(rows, sampling, [r["index"] for r in rows], version)
+        episodes = []
+        for row, group in zip(rows, groups, strict=True):
+            scores = [scorer.score(row["prompt"], c.text, row["target"]) for c in group]
+            for total, _ in scores:
+                record_metric("rollout/reward", total, Reduce.MEAN)
+            rewards = torch.tensor([total for total, _ in scores], dtype=torch.float32)
+            # A group whose rewards are all equal teaches nothing: skipped (DAPO's dynamic sampling).
+            if cfg.rollout.skip_groups_without_signal and not has_signal(rewards):
+                continue
+            advantages = group_advantages(rewards, mode=cfg.rollout.advantage).tolist()
+            episodes += [
+                Episode(
+                    c, row["target"], str(row["index"]), reward=total, reward_breakdown=parts, advantage=a
+                )
+                for c, (total, parts), a in zip(group, scores, advantages, strict=True)
+            ]
+        if episodes and reference is not None:
+            completions = [e.completion for e in episodes]
+            tokens, target_ids, mask = pad_sequences(
+                [c.prompt_ids for c in completions], [c.response_ids for c in completions], pad_id=0
+            )
+            logits = reference.forward(tokens)
+            temperature = cfg.generator.sampling.temperature
+            logprobs = compute_logprobs(logits, target_ids.to(logits.device), temperature).cpu()
+            for episode, row in zip(episodes, response_rows(logprobs, mask), strict=True):
+                episode.ref_logprobs = row
+        for episode in episodes:
+            buffer.add(episode)
+
+    def accuracy() -> float:
+        greedy = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.eval.max_tokens)
+        groups = generate(eval_rows, greedy, None, version)
+        return sum(
+            eval_score(r["prompt"], g[0].text, r["target"]) == 1.0
+            for r, g in zip(eval_rows, groups, strict=True)
+        ) / max(len(eval_rows), 1)
+
+    version, rows = 0, []
+    history = {"metrics": rows, "eval_accuracy": [(0, accuracy())] if cfg.eval.every else []}
+    for step in range(1, cfg.max_steps + 1):
+        started = time.perf_counter()
+        # 1. Rollouts by the current policy until the buffer holds a batch (it evicts
+        #    episodes older than max_policy_age as it goes).
+        buffer.evict(version)
+        while len(buffer) < cfg.replay_buffer.batch_size:
+            rollout(version)
+        # 2. One optimizer step on a batch.
+        [episodes] = buffer.sample(version)
+        for key, value in policy.train_step(PolicyBatch.from_episodes(episodes, pad_id), loss_fn).items():
+            record_metric(key, value, Reduce.MEAN)
+        version += 1
+        # 3. The sampler takes the new weights.
+        sync_started = time.perf_counter()
+        sampler.load_hf_state_dict(policy.hf_state_dict(getattr(torch, cfg.generator.dtype)))
+        record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
+            history["eval_accuracy"].append((step, accuracy()))
+            record_metric("eval/accuracy", history["eval_accuracy"][-1][1], Reduce.MEAN)
+        record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
+        row = {"step": step, **{key: acc.value() for key, acc in sorted(pop_state().items())}}
+        rows.append(row)
+        if on_step is not None:
+            on_step(step, row)
+    return history

@@ -1,0 +1,222 @@
+"""Weight sync: the trainer publishes policy versions, generators pick up the newest complete one.
+
+    trainer   (WeightPublisher): publish(v, state_dict) copies the weights into a snapshot
+              now, then stores the snapshot in the background while the next train step
+              runs, then deletes versions older than the newest `keep`.
+    generator (WeightPuller):    pull_newest(into) loads the newest complete version between
+              requests; it never waits for one unless told a minimum version.
+
+The store (`forge.store`, over TorchStore) is the directory: a version becomes visible when
+its manifest, written last, exists, so a reader never mixes two versions. How the tensors
+travel is the `Transport`'s business, so the publisher, the puller and their callers do not
+change with it:
+- `StoreTransport`: through the store itself (host memory, Monarch messages); any placement,
+  several hosts included. Qwen3-1.7B in bf16 on 2 x H200: 7.2 s.
+- `CudaIpcTransport`: GPU to GPU on one host, the store holding only a small handle per
+  version. The same model: 0.033 s (bench/RESULTS.md, "Weight sync on one host").
+
+Each sync reports its bytes, seconds and GB/s: `weight_sync/publish_*` from the trainer,
+`weight_sync/pull_*` from each generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Protocol
+
+import torch
+
+from forge import store
+from forge.observability import Reduce, record_metric
+
+
+class Transport(Protocol):
+    def stage(self, version: int, state_dict: dict[str, torch.Tensor]) -> Any:
+        """Copies the weights aside now (the trainer changes them next); returns what `put` sends."""
+
+    async def put(self, version: int, staged: Any) -> None: ...
+    async def get(self, version: int, into: dict[str, torch.Tensor]) -> None: ...
+    async def delete(self, version: int) -> None: ...
+    async def versions(self) -> list[int]: ...
+    def nbytes(self, staged: Any) -> int: ...
+
+
+class StoreTransport:
+    """Tensors through TorchStore (host memory, Monarch messages): works across hosts."""
+
+    def __init__(self) -> None:
+        self._snapshot: dict[str, torch.Tensor] | None = None
+
+    def stage(self, version: int, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self._snapshot is None:
+            pin = torch.cuda.is_available()
+            self._snapshot = {
+                name: torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+                for name, t in state_dict.items()
+            }
+        for name, tensor in state_dict.items():
+            self._snapshot[name].copy_(tensor.detach(), non_blocking=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return self._snapshot
+
+    def nbytes(self, staged: dict[str, torch.Tensor]) -> int:
+        return _nbytes(staged)
+
+    async def put(self, version: int, staged: dict[str, torch.Tensor]) -> None:
+        await store.put_state_dict(version, staged)
+
+    async def get(self, version: int, into: dict[str, torch.Tensor]) -> None:
+        await store.get_state_dict(version, into=into)
+
+    async def delete(self, version: int) -> None:
+        await store.delete(version)
+
+    async def versions(self) -> list[int]:
+        return await store.versions()
+
+
+class CudaIpcTransport:
+    """Tensors stay on the trainer's GPU, in a staging slot that generators on the same host
+    copy from by CUDA IPC (`forge.store.cuda_ipc`); the store holds only each version's small
+    handle, so versions and their deletion work as with `StoreTransport`. Needs the trainer's
+    GPU visible in the generator's process (the provisioner makes it so) and one host."""
+
+    PREFIX = "policy_ipc"
+
+    def __init__(self, slots: int = 2) -> None:
+        from forge.store.cuda_ipc import IpcPublisher, IpcReceiver
+
+        # `slots` versions can be read at once; older handles fail their stamp check.
+        self._publisher = IpcPublisher(torch.device("cuda", torch.cuda.current_device()), slots=slots)
+        self._receiver = IpcReceiver()
+
+    def stage(self, version: int, state_dict: dict[str, torch.Tensor]):
+        return self._publisher.publish(version, state_dict)
+
+    def nbytes(self, staged) -> int:
+        return sum(spec.nbytes for spec in staged.layout.specs)
+
+    async def put(self, version: int, staged) -> None:
+        await store.put_object(version, staged, self.PREFIX)
+
+    async def get(self, version: int, into: dict[str, torch.Tensor]) -> None:
+        from forge.store.cuda_ipc import StaleSlotError
+
+        handle = await store.get_object(version, self.PREFIX)
+        try:
+            self._receiver.receive(handle, into)
+        except StaleSlotError as e:  # its slot already holds a newer version: read that one
+            raise store.VersionNotFoundError(f"weight version {version}: {e}") from None
+
+    async def delete(self, version: int) -> None:
+        await store.delete_object(version, self.PREFIX)
+
+    async def versions(self) -> list[int]:
+        return await store.versions(self.PREFIX)
+
+
+def resolve_transport(name: str) -> str:
+    """`auto` becomes `cuda_ipc` when this program has GPUs (its actors then share a host), else
+    `store`; other names stay."""
+    if name == "auto":
+        return "cuda_ipc" if torch.cuda.is_available() else "store"
+    return name
+
+
+def build_transport(name: str) -> Transport:
+    """The transport named `store`, `cuda_ipc` or `auto` (`generator.weight_transport`)."""
+    name = resolve_transport(name)
+    if name == "cuda_ipc":
+        return CudaIpcTransport()
+    if name == "store":
+        return StoreTransport()
+    raise ValueError(f"unknown weight transport {name!r}: use 'store' or 'cuda_ipc'")
+
+
+def _nbytes(state_dict: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state_dict.values())
+
+
+def _record_sync(kind: str, nbytes: int, seconds: float) -> None:
+    record_metric(f"weight_sync/{kind}_bytes", nbytes, Reduce.MEAN)
+    record_metric(f"weight_sync/{kind}_s", seconds, Reduce.MEAN)
+    record_metric(f"weight_sync/{kind}_gb_per_s", nbytes / max(seconds, 1e-9) / 1e9, Reduce.MEAN)
+
+
+class WeightPublisher:
+    """Trainer side. One publish in flight at a time: the snapshot buffers are reused, so a
+    publish first waits for the previous one to be stored (normally long done)."""
+
+    def __init__(self, keep: int = 2, transport: Transport | None = None):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 (the newest version is always kept), got {keep}")
+        self.keep = keep
+        self.transport = transport or StoreTransport()
+        self._in_flight: asyncio.Task | None = None
+
+    async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copies `state_dict` now (the caller may change its tensors as soon as this returns)
+        and stores it as `version` in the background."""
+        await self.wait()
+        started = time.perf_counter()
+        staged = self.transport.stage(version, state_dict)
+        record_metric("weight_sync/snapshot_s", time.perf_counter() - started, Reduce.MEAN)
+        self._in_flight = asyncio.create_task(self._store(version, staged))
+
+    async def _store(self, version: int, staged: Any) -> None:
+        started = time.perf_counter()
+        await self.transport.put(version, staged)
+        _record_sync("publish", self.transport.nbytes(staged), time.perf_counter() - started)
+        for old in (await self.transport.versions())[: -self.keep]:
+            try:
+                await self.transport.delete(old)
+            except store.VersionNotFoundError:  # already gone
+                pass
+
+    async def wait(self) -> None:
+        """Until the last publish is stored; raises its error if it failed."""
+        if self._in_flight is not None:
+            task, self._in_flight = self._in_flight, None
+            await task
+
+
+class WeightPuller:
+    """Generator side: loads versions into the engine's receive buffers (`into`)."""
+
+    def __init__(self, transport: Transport | None = None, poll_s: float = 0.005):
+        self.transport = transport or StoreTransport()
+        self.poll_s = poll_s
+
+    async def newest(self) -> int | None:
+        published = await self.transport.versions()
+        return published[-1] if published else None
+
+    async def pull(self, version: int, into: dict[str, torch.Tensor]) -> None:
+        """Loads exactly `version`, waiting for it to be published."""
+        while version not in await self.transport.versions():
+            await asyncio.sleep(self.poll_s)
+        started = time.perf_counter()
+        await self.transport.get(version, into)
+        _record_sync("pull", _nbytes(into), time.perf_counter() - started)
+
+    async def pull_newest(
+        self, current: int, into: dict[str, torch.Tensor], min_version: int = 0
+    ) -> int | None:
+        """Loads the newest complete version if it is newer than `current`, waiting until one
+        is at least `min_version`. Returns the version loaded, or None."""
+        loaded = None
+        while True:
+            newest = await self.newest()
+            if newest is not None and newest > current:
+                started = time.perf_counter()
+                try:
+                    await self.transport.get(newest, into)
+                except store.VersionNotFoundError:
+                    continue  # deleted while read: a newer one exists
+                _record_sync("pull", _nbytes(into), time.perf_counter() - started)
+                loaded = current = newest
+            if current >= min_version:
+                return loaded
+            await asyncio.sleep(self.poll_s)

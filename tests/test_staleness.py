@@ -1,0 +1,67 @@
+"""StalenessBound: rollouts start only while their episodes can still be trained on."""
+
+import asyncio
+
+import pytest
+
+from forge.staleness import StalenessBound
+
+
+async def _blocked(coroutine) -> asyncio.Task:
+    task = asyncio.create_task(coroutine)
+    await asyncio.sleep(0.01)
+    assert not task.done(), "expected to wait"
+    return task
+
+
+def test_lockstep_with_max_policy_age_zero():
+    async def main():
+        bound = StalenessBound(max_policy_age=0, batch_size=8)
+        assert await bound.start_rollout(8) == 0
+        # 8 episodes in flight cover the next batch: a second rollout waits.
+        second = await _blocked(bound.start_rollout(8))
+        batch = await _blocked(bound.wait_for_batch())
+        await bound.finish_rollout(8, [0] * 6)  # two groups had no signal
+        assert await second == 0 and not batch.done()
+        await bound.finish_rollout(8, [0] * 6)
+        await batch
+        third = await _blocked(bound.start_rollout(8))  # 12 buffered: enough until trained
+        await bound.trained([0] * 8)
+        # The 4 left over are now too old; the next rollout must use version 1.
+        assert await third == 1 and bound.buffered() == 0
+
+    asyncio.run(main())
+
+
+def test_one_step_of_staleness_keeps_two_batches_coming():
+    async def main():
+        bound = StalenessBound(max_policy_age=1, batch_size=4)
+        assert [await bound.start_rollout(4), await bound.start_rollout(4)] == [0, 0]
+        blocked = await _blocked(bound.start_rollout(4))
+        await bound.finish_rollout(4, [0] * 4)
+        await bound.finish_rollout(4, [0] * 3)
+        assert await blocked == 0  # 7 buffered, 1 short of two batches
+        await bound.finish_rollout(4, [0] * 4)
+        await bound.trained([0] * 4)
+        # Version 0 episodes stay trainable for one more step; rollouts may still use version 0.
+        assert bound.buffered() == 7 and bound.min_rollout_version == 0
+        await bound.trained([0] * 4)
+        assert bound.buffered() == 0 and bound.min_rollout_version == 1
+        # Episodes that arrive already too old are not counted (the buffer evicts them).
+        await bound.start_rollout(4)
+        await bound.finish_rollout(4, [0, 0, 2, 2])
+        assert bound.buffered() == 2
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("age", [0, 2])
+def test_a_failed_rollout_releases_its_reservation(age):
+    async def main():
+        bound = StalenessBound(max_policy_age=age, batch_size=4)
+        await bound.start_rollout(4 * (age + 1))
+        waiting = await _blocked(bound.start_rollout(4))
+        await bound.finish_rollout(4 * (age + 1), [])
+        await waiting
+
+    asyncio.run(main())

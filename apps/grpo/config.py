@@ -117,13 +117,30 @@ class GRPOConfig(ForgeConfigModel):
                 f"trainer.hosts ({self.trainer.hosts}) exceeds the hosts in provisioner.hosts "
                 f"({len(self.provisioner.hosts)}): start a `python -m forge.worker` per host and list them there"
             )
-        ranks = self.trainer.procs * self.trainer.hosts
-        if self.replay_buffer.dp_size != ranks:
+        if self.replay_buffer.batch_size % self.dp_size:
             raise ValueError(
-                f"replay_buffer.dp_size ({self.replay_buffer.dp_size}) must equal trainer.procs x "
-                f"trainer.hosts ({ranks}): each trainer rank gets its own share of the batch"
+                f"replay_buffer.batch_size ({self.replay_buffer.batch_size}) must be a multiple of the "
+                f"trainer's data-parallel size ({self.dp_size}, from trainer.procs and "
+                "trainer.engine.parallelism): each data-parallel rank trains on an equal share"
             )
+        self._default_horizon()
         return self
+
+    def _default_horizon(self) -> None:
+        """``fixed_horizon`` divides by the longest possible response, not by each batch's width."""
+        from forge.rl.losses import build_loss
+
+        loss = build_loss(self.trainer.loss.name, **self.trainer.loss.params)
+        if getattr(loss.config, "agg_type", None) == "fixed_horizon" and loss.config.horizon is None:
+            self.trainer.loss.params["horizon"] = self.generator.sampling.max_tokens
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks of the trainer: its procs on all its hosts, less the tensor-parallel groups."""
+        try:
+            return self.trainer.engine.parallelism.dp_degree(self.trainer.procs * self.trainer.hosts)
+        except ValueError as error:
+            raise ValueError(f"trainer.engine.{error} (trainer.procs)") from None
 
     @property
     def use_reference(self) -> bool:

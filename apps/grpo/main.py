@@ -152,7 +152,7 @@ async def _train(cfg: GRPOConfig) -> dict:
         if cfg.trainer.enabled
         else asyncio.sleep(0),
         ReplayBuffer.as_actor(
-            cfg.replay_buffer, pad_id, str(batches_path(recorder.path)) if recorder else None
+            cfg.replay_buffer, pad_id, cfg.dp_size, str(batches_path(recorder.path)) if recorder else None
         ),
         RewardActor.as_actor(cfg.reward),
         ComputeAdvantages.as_actor(cfg.rollout.advantage),

@@ -64,10 +64,12 @@ class SFTConfig(ForgeConfigModel):
             )
         if self.data.embedded_task is not None and self.tokenizer_path is not None:
             raise ValueError("data.embedded_task brings its own tokenizer: leave tokenizer_path unset")
-        if self.data.batch_size % self.trainer.procs:
+        dp_size = self.trainer.engine.parallelism.dp_degree(self.trainer.procs)
+        if self.data.batch_size % dp_size:
             raise ValueError(
-                f"data.batch_size ({self.data.batch_size}) must be a multiple of trainer.procs "
-                f"({self.trainer.procs}): each data-parallel rank trains on an equal share"
+                f"data.batch_size ({self.data.batch_size}) must be a multiple of the trainer's "
+                f"data-parallel size ({dp_size}, from trainer.procs and trainer.engine.parallelism): "
+                "each data-parallel rank trains on an equal share"
             )
         if self.data.max_seq_len > self.trainer.engine.training.seq_len:
             raise ValueError(

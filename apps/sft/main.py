@@ -99,6 +99,7 @@ async def train(
     """Runs the training loop; returns the last eval metrics (and the greedy exact match)."""
     run_dir = Path(cfg.run_dir)
     procs, data = cfg.trainer.procs, prepared.data
+    dp_size = cfg.trainer.engine.parallelism.dp_degree(procs)
     eval_batch_size = cfg.eval_batch_size or cfg.data.batch_size
     metrics_path = run_dir / "metrics.jsonl"
     try:
@@ -117,21 +118,21 @@ async def train(
         last_eval = {}
         progress = Progress(cfg.max_steps, desc="sft", initial=start, every=cfg.log_every)
         if start == 0 and data.eval is not None:
-            last_eval = await evaluate_loss(trainer, data, eval_batch_size, procs)
+            last_eval = await evaluate_loss(trainer, data, eval_batch_size, dp_size)
             progress.message(eval_line(0, last_eval))
             await metric_logger.flush(0)
 
         for step in range(start + 1, cfg.max_steps + 1):
             started = time.perf_counter()
             batch = next(loader)
-            await trainer.train_step.call(split_for_ranks(batch, procs))
+            await trainer.train_step.call(split_for_ranks(batch, dp_size))
             # Tokens the model read (padding included) per second of batching plus training.
             record_metric("train/tokens_per_s", batch["input_ids"].numel() / (time.perf_counter() - started))
             cursor = loader.state_dict()
             record_metric("data/epoch", cursor["epoch"] + cursor["position"] / len(data.train))
             last = step == cfg.max_steps
             if data.eval is not None and (last or (cfg.eval_every and step % cfg.eval_every == 0)):
-                last_eval = await evaluate_loss(trainer, data, eval_batch_size, procs)
+                last_eval = await evaluate_loss(trainer, data, eval_batch_size, dp_size)
             if last or (cfg.save_every and step % cfg.save_every == 0):
                 await trainer.save.call({"data": cursor})
             row = await metric_logger.flush(step)

@@ -91,7 +91,7 @@ def test_an_unreachable_worker_is_named_before_monarch_waits_on_it():
         check_reachable([address], timeout_s=5)
 
 
-def test_grpo_trainer_hosts_need_workers_and_a_matching_dp_size():
+def test_grpo_trainer_hosts_need_workers_and_count_in_the_dp_size():
     from apps.grpo.config import GRPOConfig
 
     base = {"policy_path": "p", "generator": {"model_path": "p"}}
@@ -101,12 +101,15 @@ def test_grpo_trainer_hosts_need_workers_and_a_matching_dp_size():
     ):
         GRPOConfig.model_validate({**base, "trainer": trainer})
     two_hosts = {"hosts": ["tcp://a:1", "tcp://b:1"]}
-    with pytest.raises(ValidationError, match=r"must equal trainer.procs x trainer.hosts \(2\)"):
-        GRPOConfig.model_validate({**base, "trainer": trainer, "provisioner": two_hosts})
-    cfg = GRPOConfig.model_validate(
-        {**base, "trainer": trainer, "provisioner": two_hosts, "replay_buffer": {"dp_size": 2}}
-    )
-    assert cfg.trainer.hosts == 2
+    # One process on each of two hosts: two data-parallel ranks.
+    cfg = GRPOConfig.model_validate({**base, "trainer": trainer, "provisioner": two_hosts})
+    assert cfg.trainer.hosts == 2 and cfg.dp_size == 2
+    with pytest.raises(
+        ValidationError, match=r"batch_size \(3\) must be a multiple of the trainer's data-parallel size \(2"
+    ):
+        GRPOConfig.model_validate(
+            {**base, "trainer": trainer, "provisioner": two_hosts, "replay_buffer": {"batch_size": 3}}
+        )
 
 
 def _handshake(port: int, ca: str, cert: str | None = None, key: str | None = None) -> str:

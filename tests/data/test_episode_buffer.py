@@ -65,7 +65,7 @@ def test_policy_batch_splits_moves_and_pickles():
 
 def test_sample_evicts_stale_episodes_counts_them_and_splits_per_rank():
     pop_state()
-    buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=4, max_policy_age=1, dp_size=2, seed=3))
+    buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=4, max_policy_age=1, seed=3), dp_size=2)
     for v in (0, 0, 1, 1, 2, 2, 2):
         buffer.add(episode(v))
     assert buffer.sample(curr_policy_version=2) is not None  # ages 0..2: the two v0 are evicted
@@ -116,5 +116,5 @@ def test_max_size_must_hold_a_batch():
 
 
 def test_batch_size_must_split_across_ranks():
-    with pytest.raises(ValueError, match="divisible by dp_size"):
-        EpisodeBuffer(ReplayBufferConfig(batch_size=3, dp_size=2))
+    with pytest.raises(ValueError, match="divisible by the trainer's data-parallel size 2"):
+        EpisodeBuffer(ReplayBufferConfig(batch_size=3), dp_size=2)

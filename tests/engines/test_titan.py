@@ -78,15 +78,39 @@ def test_a_non_finite_loss_skips_the_update_and_says_so(bad):
     assert any(not torch.equal(v, before[k]) for k, v in engine.model.state_dict().items())
 
 
-def test_gradient_accumulation_matches_the_whole_batch():
-    whole, split = TitanEngine(make_config()), TitanEngine(make_config())
-    batch = make_batch()
-    for _ in range(2):
-        expected = whole.train_step(batch, masked_ce)
-        got = split.train_step(batch, masked_ce, microbatch_size=2)
-        # Equal masks per row make the mean of microbatch means the whole-batch mean.
-        assert got["train/loss"] == pytest.approx(expected["train/loss"], rel=1e-5)
-        assert got["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=1e-4)
+def ragged_batch(size: int = 4, length: int = 12) -> PolicyBatch:
+    """Rows with 1, 3, 5, ... loss tokens: a mean of microbatch means would weigh them unequally."""
+    batch = make_batch(size, length)
+    batch.loss_mask = torch.zeros_like(batch.loss_mask)
+    for row in range(size):
+        batch.loss_mask[row, 2 : 3 + 2 * row] = True
+    return batch
+
+
+def grads(engine: TitanEngine) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in engine.model.named_parameters()}
+
+
+def test_gradient_and_metrics_do_not_depend_on_the_microbatch_size():
+    """token_mean over the whole step: microbatches of 1, 2 and all rows give the same gradient,
+    the same token-weighted loss, and a max that is the max over every token."""
+    batch = ragged_batch()
+    engines = {size: TitanEngine(make_config()) for size in (None, 2, 1)}
+    with torch.no_grad():
+        logits = engines[None].forward(batch.tokens).double()
+    nll = -torch.log_softmax(logits, -1).gather(-1, batch.target_ids[..., None])[..., 0]
+    mask = batch.loss_mask
+    results = {
+        size: engine.train_step(batch, masked_ce, microbatch_size=size) for size, engine in engines.items()
+    }
+    for size in (2, 1):
+        for name, grad in grads(engines[size]).items():
+            torch.testing.assert_close(grad, grads(engines[None])[name], rtol=1e-5, atol=1e-7, msg=name)
+    for metrics in results.values():
+        assert metrics["train/loss"] == pytest.approx(float(nll[mask].mean()), rel=1e-5)
+        assert metrics["loss/nll"] == pytest.approx(metrics["train/loss"], rel=1e-6)
+        assert metrics["loss/nll_max"] == pytest.approx(float(nll[mask].max()), rel=1e-5)
+        assert metrics["train/tokens"] == batch.tokens.numel()
 
 
 def test_lr_schedule_warms_up_and_decays():

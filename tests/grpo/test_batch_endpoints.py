@@ -27,7 +27,7 @@ COMPLETIONS = [completion([1, 5, 6, 9], [7, 8, 2]), completion([1, 9], [4]), com
 
 def test_replay_buffer_samples_one_policy_batch_per_rank():
     async def main():
-        buffer = await ReplayBuffer.as_actor(ReplayBufferConfig(batch_size=4, dp_size=2, seed=0), 0)
+        buffer = await ReplayBuffer.as_actor(ReplayBufferConfig(batch_size=4, seed=0), 0, 2)
         try:
             episodes = [Episode(COMPLETIONS[i % 3], "t", "g", advantage=float(i)) for i in range(4)]
             await buffer.add.call_one(episodes[0])

@@ -28,27 +28,58 @@ DEFAULTS = {
 }
 
 
-def ref_policy_loss(name, params, logprobs, advantages, generator, mask, ref=None, frozen=None):
+OFF_POLICY_DEFAULTS = {
+    "off_policy": "none",
+    "tis_cap": 2.0,
+    "icepop_low": 0.5,
+    "icepop_high": 2.0,
+    "behaviour_cap": None,
+}
+
+
+def ref_behaviour_weight(cfg, prox: float, behaviour: float) -> tuple[float, bool, bool]:
+    """(weight, truncated, masked) of one token under the configured off-policy correction."""
+    m = math.exp(prox - behaviour)
+    if cfg["off_policy"] == "tis":
+        return min(m, cfg["tis_cap"]), m > cfg["tis_cap"], False
+    if cfg["off_policy"] == "icepop":
+        inside = cfg["icepop_low"] <= m <= cfg["icepop_high"]
+        return (m if inside else 0.0), False, not inside
+    cap = cfg["behaviour_cap"]
+    masked = cap is not None and m > cap
+    return (0.0 if masked else m), False, masked
+
+
+def ref_policy_loss(name, params, logprobs, advantages, generator, mask, ref=None, frozen=None, step=None):
     """(loss, metrics) of a policy loss from per-token lists; ``frozen`` are the logprobs that
-    stop-gradient weights are computed from (the trainer's own, unless a test freezes them)."""
-    cfg = {**DEFAULTS[name], "horizon": None, **params}
+    stop-gradient terms are computed from (the trainer's own, unless a test freezes them): the
+    proximal policy and the importance weights. ``step``: the step's (tokens, sequences)."""
+    cfg = {**OFF_POLICY_DEFAULTS, **DEFAULTS[name], "horizon": None, **params}
     frozen = frozen or logprobs
     batch, length = len(logprobs), len(logprobs[0])
     keep = [
         [bool(mask[b][t]) and (name != "dapo" or math.isfinite(generator[b][t])) for t in range(length)]
         for b in range(batch)
     ]
+    corrected = cfg["off_policy"] != "none"
+    old = frozen if corrected else generator
+
+    def agg(values, mode):
+        # Dropped tokens contribute zero but count: denominators come from the mask (or the step).
+        kept = [[values[b][t] if keep[b][t] else 0.0 for t in range(length)] for b in range(batch)]
+        return ref_aggregate(kept, mask, mode, cfg["horizon"] if mode == cfg["agg_type"] else None, step)
+
     ratio = [
-        [math.exp(logprobs[b][t] - generator[b][t]) if keep[b][t] else 1.0 for t in range(length)]
+        [math.exp(logprobs[b][t] - old[b][t]) if keep[b][t] else 1.0 for t in range(length)]
         for b in range(batch)
     ]
     if name == "gspo":
         for b in range(batch):
-            log_ratios = [logprobs[b][t] - generator[b][t] for t in range(length) if keep[b][t]]
+            log_ratios = [logprobs[b][t] - old[b][t] for t in range(length) if keep[b][t]]
             ratio[b] = [math.exp(sum(log_ratios) / len(log_ratios))] * length
     pg = [[0.0] * length for _ in range(batch)]
-    clipped_low = [[False] * length for _ in range(batch)]
-    clipped_high = [[False] * length for _ in range(batch)]
+    flags = {k: [[False] * length for _ in range(batch)] for k in ("low", "high", "truncated", "masked")}
+    weights = [[0.0] * length for _ in range(batch)]
     for b in range(batch):
         for t in range(length):
             if not keep[b][t]:
@@ -57,33 +88,41 @@ def ref_policy_loss(name, params, logprobs, advantages, generator, mask, ref=Non
             if name in ("grpo", "dapo", "gspo"):
                 low, high = 1 - cfg["clip_low"], 1 + cfg["clip_high"]
                 pg[b][t] = -min(r * a, min(max(r, low), high) * a)
-                clipped_low[b][t] = r < low and a < 0
-                clipped_high[b][t] = r > high and a > 0
+                flags["low"][b][t] = r < low and a < 0
+                flags["high"][b][t] = r > high and a > 0
+                if corrected:
+                    weight, flags["truncated"][b][t], flags["masked"][b][t] = ref_behaviour_weight(
+                        cfg, frozen[b][t], generator[b][t]
+                    )
+                    weights[b][t] = weight
+                    pg[b][t] *= weight
             else:
                 cap = 1 + cfg["clip_high"] if name == "cispo" else cfg["tis_cap"]
                 weight = 1.0 if cap is None else min(math.exp(frozen[b][t] - generator[b][t]), cap)
                 pg[b][t] = -weight * a * logprobs[b][t]
-                clipped_high[b][t] = cap is not None and r > cap
-    agg = cfg["agg_type"]
+                flags["high"][b][t] = cap is not None and r > cap
     metrics = {
-        "loss/pg": ref_aggregate(pg, keep, agg, cfg["horizon"]),
-        "loss/ratio_mean": ref_aggregate(ratio, keep, "token_mean"),
+        "loss/pg": agg(pg, cfg["agg_type"]),
+        "loss/ratio_mean": agg(ratio, "token_mean"),
         "loss/ratio_max": max(
             r for rs, ks in zip(ratio, keep, strict=True) for r, k in zip(rs, ks, strict=True) if k
         ),
-        "loss/mismatch_kl": ref_aggregate(
+        "loss/mismatch_kl": agg(
             [
                 [ref_kl(generator[b][t], logprobs[b][t], "k3") if keep[b][t] else 0.0 for t in range(length)]
                 for b in range(batch)
             ],
-            keep,
             "token_mean",
         ),
     }
     if name != "reinforce" or cfg["tis_cap"] is not None:
-        metrics["loss/clip_frac_high"] = ref_aggregate(clipped_high, keep, "token_mean")
+        metrics["loss/clip_frac_high"] = agg(flags["high"], "token_mean")
     if name in ("grpo", "dapo", "gspo"):
-        metrics["loss/clip_frac_low"] = ref_aggregate(clipped_low, keep, "token_mean")
+        metrics["loss/clip_frac_low"] = agg(flags["low"], "token_mean")
+    if corrected:
+        metrics["loss/is_weight_mean"] = agg(weights, "token_mean")
+        kind = "truncated" if cfg["off_policy"] == "tis" else "masked"
+        metrics[f"loss/is_{kind}_frac"] = agg(flags[kind], "token_mean")
     if name == "dapo":
         metrics["loss/nonfinite_generator_logprobs"] = sum(
             1 for b in range(batch) for t in range(length) if mask[b][t] and not keep[b][t]
@@ -94,12 +133,10 @@ def ref_policy_loss(name, params, logprobs, advantages, generator, mask, ref=Non
             [ref_kl(logprobs[b][t], ref[b][t], cfg["kl_estimator"]) for t in range(length)]
             for b in range(batch)
         ]
-        metrics["loss/kl"] = ref_aggregate(kl, keep, agg, cfg["horizon"])
-        loss = ref_aggregate(
+        metrics["loss/kl"] = agg(kl, cfg["agg_type"])
+        loss = agg(
             [[pg[b][t] + cfg["beta"] * kl[b][t] for t in range(length)] for b in range(batch)],
-            keep,
-            agg,
-            cfg["horizon"],
+            cfg["agg_type"],
         )
     return loss, metrics
 
@@ -153,6 +190,10 @@ CASES = [
     ("cispo", {"clip_high": 0.1, "agg_type": "fixed_horizon", "temperature": 1.3}, "token", False),
     ("reinforce", {}, "seq", False),
     ("reinforce", {"tis_cap": 1.2, "agg_type": "sequence_mean"}, "token", False),
+    ("grpo", {"beta": 0.05, "off_policy": "tis", "tis_cap": 1.2}, "seq", True),
+    ("dapo", {"off_policy": "icepop", "icepop_low": 0.8, "icepop_high": 1.25}, "token", False),
+    ("dapo", {"off_policy": "decoupled"}, "seq", False),
+    ("gspo", {"off_policy": "decoupled", "behaviour_cap": 1.5, "agg_type": "fixed_horizon"}, "seq", False),
 ]
 CASE_IDS = [f"{name}-{i}" for i, (name, *_) in enumerate(CASES)]
 
@@ -164,13 +205,15 @@ def case_inputs(name, params, advantage_kind, with_ref):
     return logits, targets, advantages, generator_logprobs, (ref_logprobs if with_ref else None)
 
 
-def policy_batch(targets, advantages, generator_logprobs, mask, ref_logprobs=None) -> PolicyBatch:
+def policy_batch(targets, advantages, generator_logprobs, mask, ref_logprobs=None, step=None) -> PolicyBatch:
     return PolicyBatch(
         target_ids=targets,
         loss_mask=mask,
         advantages=advantages,
         generator_logprobs=generator_logprobs,
         ref_logprobs=ref_logprobs,
+        step_tokens=None if step is None else torch.tensor(step[0]),
+        step_sequences=None if step is None else torch.tensor(step[1]),
     )
 
 
@@ -181,13 +224,15 @@ def per_token(advantages: torch.Tensor) -> list[list[float]]:
 # --- values and metrics -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("step", [None, (20, 7)], ids=["batch", "step"])
 @pytest.mark.parametrize(("name", "params", "advantage_kind", "with_ref"), CASES, ids=CASE_IDS)
-def test_policy_loss_matches_reference(name, params, advantage_kind, with_ref):
+def test_policy_loss_matches_reference(name, params, advantage_kind, with_ref, step):
+    """On its own, and as a share of a step of 20 tokens in 7 sequences."""
     logits, targets, advantages, generator_logprobs, ref_logprobs = case_inputs(
         name, params, advantage_kind, with_ref
     )
     out = build_loss(name, **params)(
-        logits, policy_batch(targets, advantages, generator_logprobs, MASK, ref_logprobs)
+        logits, policy_batch(targets, advantages, generator_logprobs, MASK, ref_logprobs, step)
     )
 
     temperature = params.get("temperature", 1.0)
@@ -203,9 +248,10 @@ def test_policy_loss_matches_reference(name, params, advantage_kind, with_ref):
         generator_logprobs.tolist(),
         MASK.tolist(),
         None if ref_logprobs is None else ref_logprobs.tolist(),
+        step=step,
     )
     entropy = [[ref_entropy(rows[b][t], temperature) for t in range(T)] for b in range(B)]
-    want_metrics["loss/entropy"] = ref_aggregate(entropy, MASK.tolist(), "token_mean")
+    want_metrics["loss/entropy"] = ref_aggregate(entropy, MASK.tolist(), "token_mean", step=step)
 
     assert out.loss.item() == pytest.approx(want_loss, rel=1e-10, abs=1e-12)
     assert set(out.metrics) == set(want_metrics)
@@ -260,7 +306,6 @@ def test_sft_loss_matches_reference():
         {
             "sft/loss": want,
             "sft/token_accuracy": ref_aggregate(correct, MASK.tolist(), "token_mean"),
-            "sft/perplexity": math.exp(want),
         },
         rel=1e-12,
     )
@@ -268,9 +313,8 @@ def test_sft_loss_matches_reference():
     assert all_tokens.loss.item() == pytest.approx(
         ref_aggregate(nll, [[1] * T] * B, "sequence_sum"), rel=1e-12
     )
-    assert all_tokens.metrics["sft/perplexity"] == pytest.approx(
-        math.exp(ref_aggregate(nll, [[1] * T] * B, "token_mean"))
-    )
+    step = SFTLoss()(logits, PolicyBatch(targets, MASK, step_tokens=torch.tensor(30)))
+    assert step.loss.item() == pytest.approx(ref_aggregate(nll, MASK.tolist(), "token_mean", step=(30, 9)))
 
 
 # --- gradients ----------------------------------------------------------------------------------
@@ -315,6 +359,73 @@ def test_cispo_keeps_the_gradient_of_clipped_tokens():
     tokens = int(MASK.sum())
     # token (0, 1) has ratio e^0.3 > 1.1 with A = 1: PPO-clip would drop it, CISPO weighs it by 1.1
     assert logprobs.grad[0, 1].item() == pytest.approx(-1.1 * 1.0 / tokens, rel=1e-12)
+
+
+@pytest.mark.parametrize("agg_type", ["token_mean", "sequence_mean", "sequence_sum", "fixed_horizon"])
+def test_microbatch_shares_add_up_to_the_step(agg_type):
+    """Given the step's counts, the losses and metrics of row microbatches add up to the whole
+    batch's (the max is the max), and so do their gradients."""
+    logits, targets, generator_logprobs, ref_logprobs = make_batch()
+    loss_fn = GRPOLoss(beta=0.1, agg_type=agg_type, off_policy="tis", tis_cap=1.2)
+    tokens, sequences = PolicyBatch(targets, MASK).counts()
+    whole = policy_batch(
+        targets, TOKEN_ADVANTAGES, generator_logprobs, MASK, ref_logprobs, (tokens, sequences)
+    )
+    results = []
+    for parts in ([whole], whole.split(1)):
+        leaf = logits.clone().requires_grad_()
+        outs = [
+            loss_fn(leaf[i : i + p.num_rows], p)
+            for i, p in zip(range(0, B, parts[0].num_rows), parts, strict=True)
+        ]
+        sum(out.loss for out in outs).backward()
+        metrics = {k: sum(out.metrics[k] for out in outs) for k in outs[0].metrics}
+        metrics["loss/ratio_max"] = max(out.metrics["loss/ratio_max"] for out in outs)
+        results.append((sum(out.loss.item() for out in outs), metrics, leaf.grad))
+    (loss, metrics, grad), (split_loss, split_metrics, split_grad) = results
+    assert split_loss == pytest.approx(loss, rel=1e-12)
+    assert split_metrics == pytest.approx(metrics, rel=1e-12, abs=1e-15)
+    torch.testing.assert_close(split_grad, grad, rtol=1e-12, atol=1e-15)
+    assert outs[0].reductions == {"loss/ratio_max": "max"}
+
+
+@pytest.mark.parametrize("correction", ["tis", "icepop", "decoupled"])
+def test_behaviour_weight_corrects_stale_tokens(correction):
+    """The clipped ratio is against the proximal policy (the trainer's detached logprobs), 1 in
+    value; the correction is the behaviour weight pi_prox / pi_generator, which is not 1 on stale
+    tokens: each token's gradient is -w A / #tokens, unlike the uncorrected -A / #tokens."""
+    _, _, generator_logprobs, _ = make_batch()
+    logprobs = (generator_logprobs + LOG_RATIO).requires_grad_()
+    params = {"tis": {"tis_cap": 1.5}, "icepop": {"icepop_low": 0.7, "icepop_high": 1.5}, "decoupled": {}}
+    out = DAPOLoss(off_policy=correction, **params[correction]).loss_from_logprobs(
+        logprobs, policy_batch(None, SEQ_ADVANTAGES, generator_logprobs, MASK)
+    )
+    out.loss.backward()
+    assert out.metrics["loss/ratio_max"] == pytest.approx(1.0) and out.metrics["loss/clip_frac_high"] == 0
+    assert abs(out.metrics["loss/is_weight_mean"] - 1) > 0.01
+    tokens = int(MASK.sum())
+    for b in range(B):
+        for t in range(T):
+            m = math.exp(LOG_RATIO[b, t].item())
+            weight = {
+                "tis": min(m, 1.5),
+                "icepop": m if 0.7 <= m <= 1.5 else 0.0,
+                "decoupled": m,
+            }[correction]
+            want = -weight * SEQ_ADVANTAGES[b].item() / tokens if MASK[b, t] else 0.0
+            assert logprobs.grad[b, t].item() == pytest.approx(want, rel=1e-12, abs=1e-15), (b, t)
+    if correction != "decoupled":
+        assert out.metrics["loss/is_truncated_frac" if correction == "tis" else "loss/is_masked_frac"] > 0
+
+
+def test_off_policy_parameters_belong_to_their_correction():
+    with pytest.raises(ValueError, match="tis_cap only applies to off_policy='tis'"):
+        GRPOLoss(off_policy="icepop", tis_cap=3.0)
+    with pytest.raises(ValueError, match="icepop_low"):
+        DAPOLoss(off_policy="icepop", icepop_low=2.0, icepop_high=1.5)
+    with pytest.raises(ValueError, match="off_policy"):
+        GRPOLoss(off_policy="areal")
+    assert GSPOLoss(off_policy="decoupled", behaviour_cap=3.0).config.behaviour_cap == 3.0
 
 
 @pytest.mark.parametrize("advantage", [1.0, -1.0])

@@ -282,11 +282,18 @@ def test_ppo_clip_loss_at_and_around_the_boundaries(advantage):
         ("fixed_horizon", 8),
     ],
 )
-def test_aggregate_matches_reference(mode, horizon):
+@pytest.mark.parametrize("step", [None, (40, 11)], ids=["batch", "step"])
+def test_aggregate_matches_reference(mode, horizon, step):
+    """With the counts of a whole step (40 tokens, 11 sequences), a batch gives its share."""
     values = torch.randn(3, 5, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    got = aggregate(values, MASK, mode, horizon)
+    counts = (
+        {}
+        if step is None
+        else {"step_tokens": torch.tensor(step[0]), "step_sequences": torch.tensor(step[1])}
+    )
+    got = aggregate(values, MASK, mode, horizon, **counts)
     assert got.item() == pytest.approx(
-        ref_aggregate(values.tolist(), MASK.tolist(), mode, horizon), rel=1e-14
+        ref_aggregate(values.tolist(), MASK.tolist(), mode, horizon, step), rel=1e-14
     )
 
 

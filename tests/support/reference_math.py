@@ -24,22 +24,28 @@ def ref_entropy(row: list[float], temperature: float = 1.0) -> float:
 
 
 def ref_aggregate(
-    values: list[list[float]], mask: list[list[int]], mode: str, horizon: int | None = None
+    values: list[list[float]],
+    mask: list[list[int]],
+    mode: str,
+    horizon: int | None = None,
+    step: tuple[int, int] | None = None,
 ) -> float:
+    """``step`` = (loss tokens, sequences with a loss token) of a whole optimizer step, replacing
+    this batch's own counts in the denominators."""
     batch, length = len(values), len(values[0])
+    masked = [[v for v, m in zip(vs, ms, strict=True) if m] for vs, ms in zip(values, mask, strict=True)]
+    total = sum(sum(row) for row in masked)
+    tokens = sum(len(row) for row in masked)
+    sequences = sum(1 for row in masked if row)
+    if step is not None:
+        tokens, sequences = step
     if mode == "token_mean":
-        kept = [v for vs, ms in zip(values, mask, strict=True) for v, m in zip(vs, ms, strict=True) if m]
-        return sum(kept) / len(kept) if kept else 0.0
+        return total / tokens if tokens else 0.0
     if mode in ("sequence_mean", "sequence_sum"):
-        per_sequence = []
-        for vs, ms in zip(values, mask, strict=True):
-            kept = [v for v, m in zip(vs, ms, strict=True) if m]
-            if kept:
-                per_sequence.append(sum(kept) / len(kept) if mode == "sequence_mean" else sum(kept))
-        return sum(per_sequence) / len(per_sequence) if per_sequence else 0.0
+        per_sequence = [sum(row) / len(row) if mode == "sequence_mean" else sum(row) for row in masked if row]
+        return sum(per_sequence) / sequences if sequences else 0.0
     assert mode == "fixed_horizon"
-    total = sum(v for vs, ms in zip(values, mask, strict=True) for v, m in zip(vs, ms, strict=True) if m)
-    return total / (batch * (horizon or length))
+    return total / ((batch if step is None else sequences) * (horizon or length))
 
 
 def ref_kl(logprob: float, ref: float, estimator: str) -> float:

@@ -1,6 +1,7 @@
-"""A minimal loss and batch builder for TitanEngine tests: the engine only needs `.loss` and `.metrics`."""
+"""A minimal loss and batch builder for TitanEngine tests: the engine only needs `.loss`,
+`.metrics` and `.reductions`."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,6 +12,7 @@ from forge.rl.batch import PolicyBatch
 class LossOutput:
     loss: torch.Tensor
     metrics: dict
+    reductions: dict = field(default_factory=dict)
 
 
 def lm_batch(sequences: torch.Tensor, loss_mask: torch.Tensor | None = None) -> PolicyBatch:
@@ -21,9 +23,11 @@ def lm_batch(sequences: torch.Tensor, loss_mask: torch.Tensor | None = None) -> 
 
 
 def masked_ce(logits: torch.Tensor, batch: PolicyBatch) -> LossOutput:
-    """Next-token cross entropy over the positions where loss_mask is set."""
+    """Next-token cross entropy over the positions where loss_mask is set: this batch's share
+    of the step's token mean (of its own token mean outside a train step)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     nll = -logprobs.gather(-1, batch.target_ids.unsqueeze(-1)).squeeze(-1)
     mask = batch.loss_mask.float()
-    loss = (nll * mask).sum() / mask.sum()
-    return LossOutput(loss, {"loss/nll": loss.detach()})
+    loss = (nll * mask).sum() / (mask.sum() if batch.step_tokens is None else batch.step_tokens)
+    nll_max = torch.where(mask > 0, nll.detach(), -torch.inf).max()
+    return LossOutput(loss, {"loss/nll": loss.detach(), "loss/nll_max": nll_max}, {"loss/nll_max": "max"})

@@ -17,8 +17,10 @@ class ReplayBuffer(ForgeActor):
     """`batches_path`, when given, gets one JSON line per training batch: the ids of its
     episodes per rank, in order, which is what replay mode needs to rebuild the batch."""
 
-    def __init__(self, cfg: ReplayBufferConfig, pad_id: int, batches_path: str | None = None):
-        self.buffer = EpisodeBuffer(cfg)
+    def __init__(
+        self, cfg: ReplayBufferConfig, pad_id: int, dp_size: int = 1, batches_path: str | None = None
+    ):
+        self.buffer = EpisodeBuffer(cfg, dp_size)
         self.pad_id = pad_id
         self._batches_file = None
         if batches_path is not None:

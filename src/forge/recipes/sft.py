@@ -128,13 +128,14 @@ async def evaluate_loss(trainer, data: SFTData, batch_size: int, ranks: int) -> 
     recorded as metrics (``eval/...``).
 
     The trainer reports each share's token mean; weighting them by their token counts gives the
-    exact mean over every eval token, whatever the batch boundaries.
+    exact mean over every eval token, whatever the batch boundaries. ``ranks`` is the trainer's
+    data-parallel size: the ranks of a tensor-parallel group (consecutive) report the same share.
     """
     tokens = loss_sum = correct_sum = 0.0
     for batch in eval_batches(data.eval, batch_size=batch_size, pad_id=data.pad_id):
         shares = split_for_ranks(batch, ranks)
         results = rank_values(await trainer.evaluate.call(shares))
-        for metrics, share in zip(results, shares, strict=True):
+        for metrics, share in zip(results[:: len(results) // ranks], shares, strict=True):
             count = float(share.loss_mask.sum())
             tokens += count
             loss_sum += metrics["eval/loss"] * count

@@ -48,6 +48,12 @@ class PolicyBatch:
     """The reference model's logprobs of ``target_ids`` (for a KL term)."""
     policy_versions: Tensor | None = None
     """``[B]`` the policy version that generated each row."""
+    step_tokens: Tensor | None = None
+    """0-d int64: the loss tokens of the whole optimizer step (every microbatch of every data-parallel
+    rank). The trainer sets it (and ``step_sequences``) so that a loss normalises by the step,
+    not by its microbatch; None normalises by this batch alone."""
+    step_sequences: Tensor | None = None
+    """0-d int64: the step's sequences that have at least one loss token."""
 
     @classmethod
     def from_episodes(cls, episodes: Sequence[Episode], pad_id: int) -> PolicyBatch:
@@ -76,12 +82,30 @@ class PolicyBatch:
         return self.target_ids.shape[0]
 
     def _map_rows(self, fn) -> PolicyBatch:
-        """A batch whose every tensor field is ``fn(tensor)`` (None stays None)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return PolicyBatch(**{name: None if t is None else fn(t) for name, t in fields.items()})
+        """A batch whose every per-row field is ``fn(tensor)`` (None stays None; step counts are kept)."""
+        return dataclasses.replace(
+            self, **{name: None if t is None else fn(t) for name, t in self._per_row_fields().items()}
+        )
+
+    def _per_row_fields(self) -> dict[str, Tensor | None]:
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("step_tokens", "step_sequences")
+        }
 
     def to(self, device: torch.device | str) -> PolicyBatch:
-        return self._map_rows(lambda t: t.to(device))
+        moved = self._map_rows(lambda t: t.to(device))
+        for name in ("step_tokens", "step_sequences"):
+            if getattr(moved, name) is not None:
+                setattr(moved, name, getattr(moved, name).to(device))
+        return moved
+
+    def counts(self) -> tuple[Tensor, Tensor]:
+        """This batch's loss tokens, and its sequences with at least one (int64 0-d tensors: an
+        integer divisor keeps a float32 loss float32)."""
+        tokens = (self.loss_mask != 0).sum(-1)
+        return tokens.sum(), (tokens > 0).sum()
 
     def split(self, microbatch_size: int | None) -> list[PolicyBatch]:
         """Microbatches of ``microbatch_size`` rows each (None: the whole batch)."""
@@ -94,14 +118,13 @@ class PolicyBatch:
     def check(self) -> None:
         """Raises ValueError unless every field has the batch's B rows (and T columns where [B, T])."""
         shape = tuple(self.target_ids.shape)
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+        for name, value in self._per_row_fields().items():
             if value is None:
                 continue
-            per_row = f.name in ("advantages", "policy_versions") and value.dim() == 1
+            per_row = name in ("advantages", "policy_versions") and value.dim() == 1
             if (value.shape[0] != shape[0]) if per_row else (tuple(value.shape) != shape):
                 want = f"[{shape[0]}]" if per_row else str(list(shape))
-                raise ValueError(f"PolicyBatch.{f.name} has shape {list(value.shape)}, expected {want}")
+                raise ValueError(f"PolicyBatch.{name} has shape {list(value.shape)}, expected {want}")
 
 
 def pad_sequences(

@@ -212,7 +212,14 @@ def ppo_clip_loss(
     return loss, clipped_low, clipped_high
 
 
-def aggregate(values: Tensor, loss_mask: Tensor, mode: AggMode, horizon: int | None = None) -> Tensor:
+def aggregate(
+    values: Tensor,
+    loss_mask: Tensor,
+    mode: AggMode,
+    horizon: int | None = None,
+    step_tokens: Tensor | None = None,
+    step_sequences: Tensor | None = None,
+) -> Tensor:
     """Reduce per-token ``values [B, T]`` over response tokens to a scalar.
 
     - ``token_mean``: sum over all response tokens / their count (DAPO).
@@ -221,6 +228,11 @@ def aggregate(values: Tensor, loss_mask: Tensor, mode: AggMode, horizon: int | N
     - ``fixed_horizon``: sum over all tokens / (B * horizon), a normaliser that does not depend on
       lengths (Dr. GRPO). ``horizon`` defaults to T, which varies with padding: pass the maximum
       generation length to keep it constant across batches.
+
+    ``step_tokens`` / ``step_sequences`` (0-d tensors) replace the counts of this batch with those
+    of a whole optimizer step (every microbatch of every data-parallel rank; sequences with at
+    least one response token): the result is then this batch's share of the step's value, and
+    the shares add up to it. Without them the counts are this batch's own.
 
     Empty masks: sequences without response tokens are left out of the sequence means, and a
     batch without any response token gives 0 (never NaN).
@@ -232,17 +244,20 @@ def aggregate(values: Tensor, loss_mask: Tensor, mode: AggMode, horizon: int | N
     masked = torch.where(response, values, 0.0)
     tokens = response.sum(-1)
     if mode == "token_mean":
-        return masked.sum() / tokens.sum().clamp(min=1)
+        count = tokens.sum() if step_tokens is None else step_tokens
+        return masked.sum() / count.clamp(min=1)
     if mode in ("sequence_mean", "sequence_sum"):
         per_sequence = masked.sum(-1)
         if mode == "sequence_mean":
             per_sequence = per_sequence / tokens.clamp(min=1)
-        return per_sequence.sum() / (tokens > 0).sum().clamp(min=1)
+        count = (tokens > 0).sum() if step_sequences is None else step_sequences
+        return per_sequence.sum() / count.clamp(min=1)
     if mode == "fixed_horizon":
         horizon = values.shape[1] if horizon is None else horizon
         if horizon <= 0:
             raise ValueError(f"aggregate: horizon must be > 0, got {horizon}")
-        return masked.sum() / (values.shape[0] * horizon)
+        count = values.shape[0] if step_sequences is None else step_sequences.clamp(min=1)
+        return masked.sum() / (count * horizon)
     raise ValueError(
         f"aggregate: mode must be one of token_mean, sequence_mean, sequence_sum, fixed_horizon, got {mode!r}"
     )

@@ -69,6 +69,20 @@ class ParallelismConfig(_Section):
             )
         return self
 
+    def dp_degree(self, world_size: int) -> int:
+        """Data-parallel ranks (replicate * shard) among ``world_size`` processes. The ranks of a
+        tensor-parallel group are one data-parallel rank: they read the same batch."""
+        others = self.data_parallel_replicate_degree * self.tensor_parallel_degree
+        shard = self.data_parallel_shard_degree
+        shard = world_size // others if shard == -1 else shard
+        if shard < 1 or shard * others != world_size:
+            raise ValueError(
+                f"parallelism: data_parallel_replicate_degree ({self.data_parallel_replicate_degree}) * "
+                f"data_parallel_shard_degree ({self.data_parallel_shard_degree}) * tensor_parallel_degree "
+                f"({self.tensor_parallel_degree}) must equal the world size ({world_size})"
+            )
+        return self.data_parallel_replicate_degree * shard
+
 
 class TrainingConfig(_Section):
     seq_len: int = Field(default=2048, gt=0)

@@ -9,6 +9,7 @@ the same order (they contain collectives); each rank passes its own share of the
 """
 
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -49,9 +50,12 @@ logger = logging.getLogger(__name__)
 
 class LossOutput(Protocol):
     loss: torch.Tensor
-    """Scalar to minimize, a mean over this microbatch."""
+    """Scalar to minimize: this microbatch's share of the step's loss (normalised by the batch's
+    ``step_tokens`` / ``step_sequences``, see ``forge.rl.losses.base``)."""
     metrics: Mapping[str, float | torch.Tensor]
-    """Scalars to report, e.g. ``{"loss/kl": ...}``; averaged over microbatches and ranks."""
+    """Scalars to report, e.g. ``{"loss/kl": ...}``: shares of the step's value, summed over
+    microbatches and ranks, unless ``reductions`` names them ``"max"``."""
+    reductions: Mapping[str, str]
 
 
 LossFn = Callable[[torch.Tensor, PolicyBatch], LossOutput]
@@ -78,13 +82,10 @@ class TitanEngine:
         self.model_args.update_from_config(self.job_config)
         self.adapter = self.spec.state_dict_adapter(self.model_args, None)
         self.tied_embeddings = getattr(self.model_args, "enable_weight_tying", False)
-        # torchtitan disables FSDP's gradient averaging (it divides the loss instead), so FSDP
-        # sums gradients over the data-parallel ranks; DDP alone averages them.
-        self._grad_sum_ranks = (
-            self.parallel_dims.dp_replicate * self.parallel_dims.dp_shard
-            if self.parallel_dims.fsdp_enabled
-            else 1
-        )
+        # Each rank's loss is its share of the step's loss, so the step's gradient is the sum
+        # over ranks. torchtitan disables FSDP's gradient averaging, so FSDP sums; DDP alone
+        # averages, which this factor undoes.
+        self._grad_scale = 1 if self.parallel_dims.fsdp_enabled else self.dp_size
         self.step = 0
 
         dist_utils.set_determinism(
@@ -160,35 +161,48 @@ class TitanEngine:
 
         ``batch.tokens`` ``[B, T]`` is the model input. The batch is split into microbatches of
         ``microbatch_size`` rows (default ``training.microbatch_size``, else all of B) whose
-        gradients accumulate; ``loss_fn`` sees each microbatch's logits and batch. The gradient is that of the mean of the
-        microbatch losses over all microbatches of all data-parallel ranks. A step whose loss or gradient
-        norm is not finite changes no parameter and reports ``train/skipped`` 1.
+        gradients accumulate; ``loss_fn`` sees each microbatch's logits and batch, whose
+        ``step_tokens`` / ``step_sequences`` this method sets to the counts of the whole step
+        (all microbatches of all data-parallel ranks). The loss of each microbatch is its share
+        of the step's loss, and the gradient is that of their sum: whatever the microbatch size
+        and the number of ranks, a step's gradient is that of one loss over the whole step.
+        Metrics are summed likewise, or maximised when the loss output names them ``"max"``;
+        every rank returns the same values. A step whose loss or gradient norm is not finite
+        changes no parameter and reports ``train/skipped`` 1.
         """
         self._require_trainable("train_step")
         if batch.tokens is None:
             raise ValueError("train_step needs batch.tokens, the model's input")
+        batch = self._with_step_counts(batch)
         microbatches = batch.split(microbatch_size or self.config.training.microbatch_size)
-        loss_scale = 1.0 / (len(microbatches) * self._grad_sum_ranks)
         lr = self.lr_schedulers.schedulers[0].get_last_lr()[0]
 
         self.optimizers.zero_grad()
-        sums: dict[str, float | torch.Tensor] = {}
+        per_microbatch: dict[str, list[torch.Tensor]] = {}
+        reductions: dict[str, str] = {}
         for microbatch in microbatches:
             microbatch = microbatch.to(self.device)
             with self._compute_context():
                 logits = self.model(microbatch.tokens)
                 out = loss_fn(logits, microbatch)
             del logits  # free before backward, as torchtitan does
-            (out.loss * loss_scale).backward()
+            (out.loss * self._grad_scale).backward()
+            reductions.update(out.reductions)
             for name, value in {"train/loss": out.loss, **out.metrics}.items():
-                # Summed as tensors: one device sync per metric at the end, not per microbatch.
-                sums[name] = sums.get(name, 0.0) + _detached(value)
+                # Kept as tensors: one device sync at the end, not one per microbatch.
+                per_microbatch.setdefault(name, []).append(_detached(value))
         grad_norm = dist_utils.clip_grad_norm_(
             list(self.model.parameters()), self.config.training.max_norm, foreach=True
         ).item()
-        means = {name: float(total) / len(microbatches) for name, total in sums.items()}
-        # Averaged before deciding: every rank sees the same values, so all skip or none does.
-        metrics, tokens = self._average_over_data_parallel(means, batch.tokens.numel())
+        combined = {name: torch.stack(values) for name, values in per_microbatch.items()}
+        maxima = {name: v.max() for name, v in combined.items() if reductions.get(name) == "max"}
+        sums = {name: v.sum() for name, v in combined.items() if name not in maxima}
+        sums["train/tokens"] = torch.tensor(batch.tokens.numel())
+        # Reduced before deciding: every rank sees the same values, so all skip or none does.
+        metrics = {
+            **self._reduce_over_data_parallel(sums, dist.ReduceOp.SUM),
+            **self._reduce_over_data_parallel(maxima, dist.ReduceOp.MAX),
+        }
         # One inf or nan would make every parameter nan at this step: skip its update.
         skipped = not (math.isfinite(metrics["train/loss"]) and math.isfinite(grad_norm))
         if skipped:
@@ -204,26 +218,33 @@ class TitanEngine:
         # The schedule and the step count follow the data consumed, skipped or not.
         self.lr_schedulers.step()
         self.step += 1
+        metrics["train/tokens"] = int(metrics["train/tokens"])
         metrics.update(
             {
                 "train/grad_norm": grad_norm,
                 "train/lr": lr,
-                "train/tokens": tokens,
                 "train/step": self.step,
                 "train/skipped": float(skipped),
             }
         )
         return metrics
 
-    def _average_over_data_parallel(self, means: dict[str, float], tokens: int) -> tuple[dict, int]:
-        if not self.parallel_dims.dp_enabled:
-            return means, tokens
-        mesh = self.parallel_dims.get_mesh("batch")
-        names = sorted(means)
-        values = torch.tensor([means[n] for n in names] + [tokens], dtype=torch.float64, device=self.device)
-        dist.all_reduce(values, group=mesh.get_group())
-        averaged = {name: values[i].item() / mesh.size() for i, name in enumerate(names)}
-        return averaged, int(values[-1].item())
+    def _with_step_counts(self, batch: PolicyBatch) -> PolicyBatch:
+        """``batch`` with the loss-token and sequence counts of the step, over the dp ranks."""
+        counts = torch.stack(batch.counts()).to(self.device)
+        if self.parallel_dims.dp_enabled:
+            dist.all_reduce(counts, group=self.parallel_dims.get_mesh("batch").get_group())
+        return dataclasses.replace(batch, step_tokens=counts[0].cpu(), step_sequences=counts[1].cpu())
+
+    def _reduce_over_data_parallel(self, values: dict[str, torch.Tensor], op) -> dict[str, float]:
+        """``values`` combined with ``op`` over the data-parallel ranks (one collective), as floats."""
+        if not values:
+            return {}
+        names = sorted(values)
+        stacked = torch.stack([values[n].to(self.device, torch.float64) for n in names])
+        if self.parallel_dims.dp_enabled:
+            dist.all_reduce(stacked, op=op, group=self.parallel_dims.get_mesh("batch").get_group())
+        return dict(zip(names, stacked.tolist(), strict=True))
 
     def hf_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Full (gathered on every rank) tensors under Hugging Face names.
@@ -317,5 +338,9 @@ def _gather(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def _detached(value: float | torch.Tensor) -> float | torch.Tensor:
-    return value.detach() if isinstance(value, torch.Tensor) else float(value)
+def _detached(value: float | torch.Tensor) -> torch.Tensor:
+    return (
+        value.detach().to(torch.float64)
+        if isinstance(value, torch.Tensor)
+        else torch.tensor(float(value), dtype=torch.float64)
+    )

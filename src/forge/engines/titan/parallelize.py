@@ -79,17 +79,9 @@ def _parallelize_tied(
 def build_parallel_dims(par: ParallelismConfig) -> ParallelDims:
     """torchtitan's ParallelDims for this world size; no pipeline, context or expert parallelism."""
     world_size = dist.get_world_size()
-    others = par.data_parallel_replicate_degree * par.tensor_parallel_degree
-    shard = par.data_parallel_shard_degree if par.data_parallel_shard_degree != -1 else world_size // others
-    if shard < 1 or shard * others != world_size:
-        raise ValueError(
-            f"parallelism: data_parallel_replicate_degree ({par.data_parallel_replicate_degree}) * "
-            f"data_parallel_shard_degree ({par.data_parallel_shard_degree}) * tensor_parallel_degree "
-            f"({par.tensor_parallel_degree}) must equal the world size ({world_size})"
-        )
     return ParallelDims(
         dp_replicate=par.data_parallel_replicate_degree,
-        dp_shard=shard,
+        dp_shard=par.dp_degree(world_size) // par.data_parallel_replicate_degree,
         cp=1,
         tp=par.tensor_parallel_degree,
         pp=1,

@@ -5,13 +5,20 @@ and called as ``loss_fn(logits, batch) -> LossOutput`` with a ``forge.rl.batch.P
 (on plain tensors: ``PolicyBatch(target_ids=..., loss_mask=..., advantages=...,
 generator_logprobs=...)``). The call is pure tensor code, so ``torch.compile(loss_fn,
 fullgraph=True)`` compiles it whole: metrics stay 0-d tensors until ``LossOutput.metrics`` is read.
+
+Normalisation. Every denominator (token count, sequence count) comes from ``batch.loss_mask``,
+or from ``batch.step_tokens`` / ``batch.step_sequences`` when the trainer sets them to the counts
+of the whole optimizer step: then a loss and each of its metrics is this microbatch's share of
+the step's value, and the trainer adds the shares over microbatches and data-parallel ranks
+(``LossOutput.reductions`` names the metrics it takes the max of instead). Tokens a loss drops
+or masks contribute zero but still count, so the normaliser never depends on the microbatching.
 """
 
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple, Self
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, NamedTuple, Self
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -29,6 +36,8 @@ from forge.rl.ops import (
     compute_logprobs,
 )
 
+MetricReduce = Literal["sum", "max"]
+
 
 class BaseLossConfig(BaseModel):
     """Parameters of a loss. Unknown keys fail at construction, so a typo never goes unnoticed."""
@@ -38,7 +47,9 @@ class BaseLossConfig(BaseModel):
 
 class AggregatedLossConfig(BaseLossConfig):
     agg_type: AggMode = "token_mean"
-    horizon: PositiveInt | None = Field(None, description="fixed_horizon's constant length; defaults to T")
+    horizon: PositiveInt | None = Field(
+        None, description="fixed_horizon's constant length (the maximum response length); defaults to T"
+    )
 
     @model_validator(mode="after")
     def _horizon_needs_fixed_horizon(self) -> Self:
@@ -61,6 +72,9 @@ class LossOutput:
 
     loss: Tensor
     metric_tensors: dict[str, Tensor]
+    reductions: Mapping[str, MetricReduce] = field(default_factory=dict)
+    """How a trainer combines a metric over microbatches and ranks: ``"sum"`` (the default, right
+    for shares of a step's value and for counts) or ``"max"``."""
 
     @functools.cached_property
     def metrics(self) -> dict[str, float]:
@@ -80,7 +94,7 @@ class Loss(ABC):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | BaseLossConfig) -> Self:
-        params = config.model_dump() if isinstance(config, BaseLossConfig) else dict(config)
+        params = config.model_dump(exclude_unset=True) if isinstance(config, BaseLossConfig) else dict(config)
         return cls(**params)
 
     def __repr__(self) -> str:
@@ -91,9 +105,14 @@ class Loss(ABC):
     def __call__(self, logits: Tensor, batch: PolicyBatch) -> LossOutput: ...
 
 
-def token_fraction(flags: Tensor, response: Tensor) -> Tensor:
-    """Fraction of response tokens where the boolean ``flags`` hold."""
-    return aggregate(flags.to(torch.float32), response, "token_mean")
+def token_fraction(flags: Tensor, batch: PolicyBatch) -> Tensor:
+    """Share of the step's response tokens where the boolean ``flags`` hold (see the module doc);
+    float64, so that the shares of many microbatches add up exactly."""
+    return aggregate(flags.to(torch.float64), batch.loss_mask, "token_mean", step_tokens=batch.step_tokens)
+
+
+def token_mean(values: Tensor, batch: PolicyBatch) -> Tensor:
+    return aggregate(values, batch.loss_mask, "token_mean", step_tokens=batch.step_tokens)
 
 
 class TokenTerms(NamedTuple):
@@ -126,17 +145,15 @@ class PolicyLoss(Loss):
         # Padded targets may hold an ignore index such as -100; any valid id does there.
         target_ids = torch.where(response, batch.target_ids, 0)
         logprobs = compute_logprobs(logits, target_ids, self.config.temperature)
-        loss, metrics = self._loss_and_metrics(logprobs, batch)
+        out = self.loss_from_logprobs(logprobs, batch)
         with torch.no_grad():
-            metrics["loss/entropy"] = compute_entropy(logits.detach(), response, self.config.temperature)[1]
-        return LossOutput(loss, metrics)
+            entropy = compute_entropy(logits.detach(), response, self.config.temperature)[0]
+            out.metric_tensors["loss/entropy"] = token_mean(entropy, batch)
+        return out
 
     def loss_from_logprobs(self, logprobs: Tensor, batch: PolicyBatch) -> LossOutput:
         """The same loss from the trainer's logprobs ``[B, T]`` (no entropy metric without logits);
         ``batch.target_ids`` is not read."""
-        return LossOutput(*self._loss_and_metrics(logprobs, batch))
-
-    def _loss_and_metrics(self, logprobs: Tensor, batch: PolicyBatch) -> tuple[Tensor, dict[str, Tensor]]:
         where = type(self).__name__
         for name in ("advantages", "generator_logprobs"):
             if getattr(batch, name) is None:
@@ -149,29 +166,35 @@ class PolicyLoss(Loss):
         check_same_shape(where, **shapes)
         # Zeroed where masked, so that a NaN advantage on padding cannot reach a gradient.
         advantages = torch.where(response, broadcast_advantages(batch.advantages, logprobs.shape), 0.0)
-        terms = self._token_terms(logprobs, advantages, generator_logprobs, response, ref_logprobs)
-        loss = self._aggregate(terms.loss, terms.response)
+        terms = self._token_terms(logprobs, advantages, response, batch)
+        loss = self._aggregate(terms.loss, terms.response, batch)
         with torch.no_grad():
             # The tokens were sampled from the generator, so it plays pi and the trainer ref.
             mismatch = compute_kl(generator_logprobs, logprobs.detach(), "k3", loss_mask=terms.response)
+            ratio = torch.where(terms.response, terms.ratio.detach(), 0.0)
             metrics = {
                 "loss/pg": loss.detach(),
                 **terms.metrics,
-                "loss/ratio_mean": aggregate(terms.ratio.detach(), terms.response, "token_mean"),
-                "loss/ratio_max": torch.where(terms.response, terms.ratio.detach(), 0.0).max(),
-                "loss/mismatch_kl": aggregate(mismatch, terms.response, "token_mean"),
+                "loss/ratio_mean": token_mean(ratio, batch),
+                "loss/ratio_max": ratio.max(),
+                "loss/mismatch_kl": token_mean(mismatch, batch),
             }
-        return loss, metrics
+        return LossOutput(loss, metrics, {"loss/ratio_max": "max"})
 
     @abstractmethod
     def _token_terms(
-        self,
-        logprobs: Tensor,
-        advantages: Tensor,
-        generator_logprobs: Tensor,
-        response: Tensor,
-        ref_logprobs: Tensor | None,
-    ) -> TokenTerms: ...
+        self, logprobs: Tensor, advantages: Tensor, response: Tensor, batch: PolicyBatch
+    ) -> TokenTerms:
+        """Per-token terms from the trainer's ``logprobs``, the masked ``advantages`` ``[B, T]``,
+        the ``response`` tokens (bool) and the batch's other fields."""
 
-    def _aggregate(self, values: Tensor, response: Tensor) -> Tensor:
-        return aggregate(values, response, self.config.agg_type, self.config.horizon)
+    def _aggregate(self, values: Tensor, kept: Tensor, batch: PolicyBatch) -> Tensor:
+        """``values`` on the ``kept`` tokens, reduced with the config's aggregation."""
+        return aggregate(
+            torch.where(kept, values, 0.0),
+            batch.loss_mask,
+            self.config.agg_type,
+            self.config.horizon,
+            batch.step_tokens,
+            batch.step_sequences,
+        )

@@ -7,32 +7,43 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from forge.rl.batch import PolicyBatch
 from forge.rl.losses.base import PolicyLoss, PolicyLossConfig, TokenTerms, token_fraction
+from forge.rl.losses.off_policy import OffPolicyConfig, behaviour_weight
 from forge.rl.ops import AggMode, KLEstimator, RatioLevel, compute_kl, compute_ratio, ppo_clip_loss
 
 
-class ClippedSurrogateConfig(PolicyLossConfig):
+class ClippedSurrogateConfig(OffPolicyConfig, PolicyLossConfig):
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="the ratio is clipped below at 1 - clip_low")
     clip_high: float = Field(0.2, ge=0.0, description="the ratio is clipped above at 1 + clip_high")
 
 
 class ClippedSurrogateLoss(PolicyLoss):
-    """PPO's clipped surrogate on an importance ratio against the generator's logprobs."""
+    """PPO's clipped surrogate on an importance ratio against the generator's logprobs, or, with
+    an ``off_policy`` correction, against the proximal policy (see ``forge.rl.losses.off_policy``)."""
 
     config: ClippedSurrogateConfig
     ratio_level: ClassVar[RatioLevel] = "token"
 
     def _surrogate(
-        self, logprobs: Tensor, advantages: Tensor, generator_logprobs: Tensor, response: Tensor
+        self, logprobs: Tensor, advantages: Tensor, response: Tensor, batch: PolicyBatch
     ) -> TokenTerms:
-        ratio, _ = compute_ratio(logprobs, generator_logprobs, response, self.ratio_level)
+        corrected = self.config.off_policy != "none"
+        # The proximal policy is this forward's, detached: see off_policy's docstring for why
+        # the behaviour weight below, not this ratio, carries the correction.
+        old_logprobs = logprobs.detach() if corrected else batch.generator_logprobs
+        ratio, _ = compute_ratio(logprobs, old_logprobs, response, self.ratio_level)
         loss, clipped_low, clipped_high = ppo_clip_loss(
             ratio, advantages, self.config.clip_low, self.config.clip_high
         )
         metrics = {
-            "loss/clip_frac_low": token_fraction(clipped_low, response),
-            "loss/clip_frac_high": token_fraction(clipped_high, response),
+            "loss/clip_frac_low": token_fraction(clipped_low, batch),
+            "loss/clip_frac_high": token_fraction(clipped_high, batch),
         }
+        if corrected:
+            weight, weight_metrics = behaviour_weight(self.config, logprobs, response, batch)
+            loss = weight * loss
+            metrics.update(weight_metrics)
         return TokenTerms(loss, ratio, response, metrics)
 
 
@@ -58,15 +69,10 @@ class GRPOLoss(ClippedSurrogateLoss):
     config: GRPOLossConfig
 
     def _token_terms(
-        self,
-        logprobs: Tensor,
-        advantages: Tensor,
-        generator_logprobs: Tensor,
-        response: Tensor,
-        ref_logprobs: Tensor | None,
+        self, logprobs: Tensor, advantages: Tensor, response: Tensor, batch: PolicyBatch
     ) -> TokenTerms:
-        terms = self._surrogate(logprobs, advantages, generator_logprobs, response)
-        beta = self.config.beta
+        terms = self._surrogate(logprobs, advantages, response, batch)
+        beta, ref_logprobs = self.config.beta, batch.ref_logprobs
         if ref_logprobs is None:
             if beta > 0:
                 raise ValueError(
@@ -78,8 +84,8 @@ class GRPOLoss(ClippedSurrogateLoss):
         with torch.no_grad():
             metrics = {
                 **terms.metrics,
-                "loss/pg": self._aggregate(terms.loss.detach(), response),
-                "loss/kl": self._aggregate(kl.detach(), response),
+                "loss/pg": self._aggregate(terms.loss.detach(), response, batch),
+                "loss/kl": self._aggregate(kl.detach(), response, batch),
             }
         loss = terms.loss + beta * kl if beta > 0 else terms.loss
         return terms._replace(loss=loss, metrics=metrics)
@@ -95,21 +101,16 @@ class DAPOLoss(ClippedSurrogateLoss):
 
     ``loss = sum_t -min(r_t A, clip(r_t, 1 - clip_low, 1 + clip_high) A) / #tokens`` with
     ``clip_high > clip_low`` (Yu et al. 2025). Tokens whose generator logprob is not finite are
-    dropped and counted in ``loss/nonfinite_generator_logprobs``.
+    dropped (they contribute zero) and counted in ``loss/nonfinite_generator_logprobs``.
     """
 
     config_class = DAPOLossConfig
 
     def _token_terms(
-        self,
-        logprobs: Tensor,
-        advantages: Tensor,
-        generator_logprobs: Tensor,
-        response: Tensor,
-        ref_logprobs: Tensor | None,
+        self, logprobs: Tensor, advantages: Tensor, response: Tensor, batch: PolicyBatch
     ) -> TokenTerms:
-        finite = torch.isfinite(generator_logprobs)
-        terms = self._surrogate(logprobs, advantages, generator_logprobs, response & finite)
+        finite = torch.isfinite(batch.generator_logprobs)
+        terms = self._surrogate(logprobs, advantages, response & finite, batch)
         terms.metrics["loss/nonfinite_generator_logprobs"] = (response & ~finite).sum().to(torch.float32)
         return terms
 
@@ -131,11 +132,6 @@ class GSPOLoss(ClippedSurrogateLoss):
     ratio_level = "sequence"
 
     def _token_terms(
-        self,
-        logprobs: Tensor,
-        advantages: Tensor,
-        generator_logprobs: Tensor,
-        response: Tensor,
-        ref_logprobs: Tensor | None,
+        self, logprobs: Tensor, advantages: Tensor, response: Tensor, batch: PolicyBatch
     ) -> TokenTerms:
-        return self._surrogate(logprobs, advantages, generator_logprobs, response)
+        return self._surrogate(logprobs, advantages, response, batch)

@@ -4,6 +4,7 @@ with the weight truncated at ``1 + clip_high``."""
 from pydantic import Field, PositiveFloat
 from torch import Tensor
 
+from forge.rl.batch import PolicyBatch
 from forge.rl.losses.base import PolicyLoss, PolicyLossConfig, TokenTerms, token_fraction
 from forge.rl.ops import AggMode, compute_ratio
 
@@ -17,7 +18,9 @@ class ReinforceLoss(PolicyLoss):
 
     ``loss = agg_t[-sg(w_t) A_t log pi(y_t)]`` with ``w_t = 1``, or with ``tis_cap`` set
     ``w_t = min(pi(y_t) / pi_generator(y_t), tis_cap)`` (Williams 1992; truncated importance
-    sampling, Ionides 2008). The weight carries no gradient, so every token keeps one.
+    sampling, Ionides 2008). The weight carries no gradient, so every token keeps one. With one
+    optimizer step per batch this weight is the truncated behaviour weight of
+    ``forge.rl.losses.off_policy`` (``pi_prox / pi_generator``, ``pi_prox`` the trainer's detached).
     """
 
     config_class = ReinforceLossConfig
@@ -26,19 +29,14 @@ class ReinforceLoss(PolicyLoss):
         return self.config.tis_cap
 
     def _token_terms(
-        self,
-        logprobs: Tensor,
-        advantages: Tensor,
-        generator_logprobs: Tensor,
-        response: Tensor,
-        ref_logprobs: Tensor | None,
+        self, logprobs: Tensor, advantages: Tensor, response: Tensor, batch: PolicyBatch
     ) -> TokenTerms:
-        ratio, _ = compute_ratio(logprobs, generator_logprobs, response)
+        ratio, _ = compute_ratio(logprobs, batch.generator_logprobs, response)
         cap = self._weight_cap()
         if cap is None:
             return TokenTerms(-advantages * logprobs, ratio, response, {})
         weight = ratio.detach().clamp(max=cap)
-        metrics = {"loss/clip_frac_high": token_fraction(weight < ratio.detach(), response)}
+        metrics = {"loss/clip_frac_high": token_fraction(weight < ratio.detach(), batch)}
         return TokenTerms(-weight * advantages * logprobs, ratio, response, metrics)
 
 

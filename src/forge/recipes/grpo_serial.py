@@ -26,7 +26,8 @@ from transformers import AutoTokenizer
 from forge.actors.generator import build_generation_engine
 from forge.data.episode_buffer import EpisodeBuffer
 from forge.data.prompts import PromptCursor, load_prompt_rows
-from forge.data.rewards import RewardScorer, get_reward_fn
+from forge.data.reward_scoring import RewardScorer
+from forge.data.rewards import get_reward_fn
 from forge.data.types import Episode
 from forge.engines.generation import SamplingParams, to_completions
 from forge.engines.titan.engine import TitanEngine
@@ -57,7 +58,9 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     sampler = build_generation_engine(cfg.generator, tokenizer.eos_token_id)
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
     loss_fn = build_loss(cfg.trainer.loss.name, **cfg.trainer.loss.params)
-    scorer = RewardScorer([(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward)
+    scorer = RewardScorer(
+        [(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward, cfg.reward.timeout_s
+    )
     train_rows, eval_rows = load_prompt_rows(cfg.dataset)
     prompts = PromptCursor(train_rows, cfg.dataset.seed)
     buffer = EpisodeBuffer(cfg.replay_buffer)

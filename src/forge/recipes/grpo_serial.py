@@ -58,9 +58,9 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     sampler = build_generation_engine(cfg.generator, tokenizer.eos_token_id)
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
     loss_fn = build_loss(cfg.trainer.loss.name, **cfg.trainer.loss.params)
-    scorer = RewardScorer(
-        [(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward, cfg.reward.timeout_s
-    )
+    # In this process, with no time limit: one process, one thing at a time (the app's reward
+    # actor runs the functions in a worker process it can restart when one hangs).
+    scorer = RewardScorer([(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward)
     train_rows, eval_rows = load_prompt_rows(cfg.dataset)
     prompts = PromptCursor(train_rows, cfg.dataset.seed)
     buffer = EpisodeBuffer(cfg.replay_buffer)

@@ -135,7 +135,7 @@ class Side(Actor):
 
     @endpoint
     async def checksum(self) -> int:
-        from forge.store.cuda_ipc import checksum
+        from forge.weight_sync import checksum
 
         return checksum(self.into)
 

@@ -148,6 +148,7 @@ async def _train(cfg: GRPOConfig) -> dict:
             weights_dtype=cfg.generator.dtype,
             keep_weight_versions=cfg.keep_weight_versions,
             weight_transport=transport,
+            verify_weights=cfg.generator.verify_weights,
         )
         if cfg.trainer.enabled
         else asyncio.sleep(0),

@@ -16,7 +16,10 @@ change with it:
   version. The same model: 0.033 s (bench/RESULTS.md, "Weight sync on one host").
 
 Each sync reports its bytes, seconds and GB/s: `weight_sync/publish_*` from the trainer,
-`weight_sync/pull_*` from each generator.
+`weight_sync/pull_*` from each generator. Verify mode (`generator.verify_weights`) also stores
+an exact checksum of each version's bytes beside it, and the puller compares it with the
+checksum of what it received: a transport that corrupts, truncates or mixes versions fails the
+run with the version and both sums, instead of training on a policy nobody published.
 """
 
 from __future__ import annotations
@@ -29,6 +32,29 @@ import torch
 
 from forge import store
 from forge.observability import Reduce, record_metric
+
+CHECKSUM_PREFIX = "policy_checksum"
+
+
+class WeightMismatchError(RuntimeError):
+    """What a generator received is not byte for byte what the trainer published."""
+
+
+def checksum(state_dict: dict[str, torch.Tensor], chunk: int = 1 << 24) -> int:
+    """An exact integer fingerprint of the bytes of `state_dict`, equal on both sides of a sync.
+
+    Each byte is weighted by its position (mod a prime), so swapped bytes change the sum; integer
+    sums do not depend on the reduction order, so two devices agree exactly. Chunked to bound the
+    temporary memory.
+    """
+    total = 0
+    for name in sorted(state_dict):
+        data = state_dict[name].detach().contiguous().view(-1).view(torch.uint8)
+        for start in range(0, data.numel(), chunk):
+            words = data[start : start + chunk].to(torch.int64)
+            positions = torch.arange(start, start + words.numel(), device=words.device) % 65521 + 1
+            total += int((words * positions).sum().item())
+    return total
 
 
 class Transport(Protocol):
@@ -149,11 +175,12 @@ class WeightPublisher:
     """Trainer side. One publish in flight at a time: the snapshot buffers are reused, so a
     publish first waits for the previous one to be stored (normally long done)."""
 
-    def __init__(self, keep: int = 2, transport: Transport | None = None):
+    def __init__(self, keep: int = 2, transport: Transport | None = None, verify: bool = False):
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (the newest version is always kept), got {keep}")
         self.keep = keep
         self.transport = transport or StoreTransport()
+        self.verify = verify
         self._in_flight: asyncio.Task | None = None
 
     async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
@@ -163,15 +190,21 @@ class WeightPublisher:
         started = time.perf_counter()
         staged = self.transport.stage(version, state_dict)
         record_metric("weight_sync/snapshot_s", time.perf_counter() - started, Reduce.MEAN)
-        self._in_flight = asyncio.create_task(self._store(version, staged))
+        # Summed from the caller's tensors, which are what the staged copy holds.
+        expected = checksum(state_dict) if self.verify else None
+        self._in_flight = asyncio.create_task(self._store(version, staged, expected))
 
-    async def _store(self, version: int, staged: Any) -> None:
+    async def _store(self, version: int, staged: Any, expected: int | None) -> None:
         started = time.perf_counter()
+        if expected is not None:  # before the version becomes visible, so a reader finds it
+            await store.put_object(version, expected, CHECKSUM_PREFIX)
         await self.transport.put(version, staged)
         _record_sync("publish", self.transport.nbytes(staged), time.perf_counter() - started)
         for old in (await self.transport.versions())[: -self.keep]:
             try:
                 await self.transport.delete(old)
+                if self.verify:
+                    await store.delete_object(old, CHECKSUM_PREFIX)
             except store.VersionNotFoundError:  # already gone
                 pass
 
@@ -185,9 +218,10 @@ class WeightPublisher:
 class WeightPuller:
     """Generator side: loads versions into the engine's receive buffers (`into`)."""
 
-    def __init__(self, transport: Transport | None = None, poll_s: float = 0.005):
+    def __init__(self, transport: Transport | None = None, poll_s: float = 0.005, verify: bool = False):
         self.transport = transport or StoreTransport()
         self.poll_s = poll_s
+        self.verify = verify
 
     async def newest(self) -> int | None:
         published = await self.transport.versions()
@@ -200,6 +234,7 @@ class WeightPuller:
         started = time.perf_counter()
         await self.transport.get(version, into)
         _record_sync("pull", _nbytes(into), time.perf_counter() - started)
+        await self._verify(version, into)
 
     async def pull_newest(
         self, current: int, into: dict[str, torch.Tensor], min_version: int = 0
@@ -221,7 +256,22 @@ class WeightPuller:
                     failed = newest
                     continue
                 _record_sync("pull", _nbytes(into), time.perf_counter() - started)
+                await self._verify(newest, into)
                 loaded = current = newest
             if current >= min_version:
                 return loaded
             await asyncio.sleep(self.poll_s)
+
+    async def _verify(self, version: int, received: dict[str, torch.Tensor]) -> None:
+        if not self.verify:
+            return
+        started = time.perf_counter()
+        expected = await store.get_object(version, CHECKSUM_PREFIX)
+        actual = checksum(received)
+        if actual != expected:
+            raise WeightMismatchError(
+                f"weight version {version}: the received weights' checksum is {actual}, the trainer "
+                f"published {expected} ({len(received)} tensors, {_nbytes(received)} bytes): the "
+                "transport delivered other bytes; try generator.weight_transport=store to compare"
+            )
+        record_metric("weight_sync/verify_s", time.perf_counter() - started, Reduce.MEAN)

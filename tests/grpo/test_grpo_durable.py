@@ -17,6 +17,7 @@ import psutil
 import pytest
 import torch
 from apps.grpo.main import main
+from processes import children_left
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from forge.actors.generator import GeneratorConfig, build_generation_engine
@@ -183,6 +184,8 @@ def test_a_killed_generator_replica_is_replaced_and_the_run_completes(write_grpo
     history = main(["--config", str(config), "generator.replicas=2", "max_steps=5"])
     killer.join(timeout=5)
     assert killed, "no generator replica was killed"
+    # Shutdown stopped the service before its replicas: no replacement started as they stopped.
+    assert children_left(15) == []
     rows = read_rows(metrics)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
     assert [s for s, _ in history["eval_accuracy"]] == [0, 1, 2, 3, 4, 5]

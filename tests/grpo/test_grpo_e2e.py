@@ -1,22 +1,10 @@
 """The real GRPO loop for a few steps: every actor in its own process, the real store."""
 
 import json
-import time
 
-import psutil
 import pytest
 from apps.grpo.main import main
-
-
-def _children_after(timeout: float) -> list[psutil.Process]:
-    deadline = time.time() + timeout
-    while True:
-        children = [
-            c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE
-        ]
-        if not children or time.time() > deadline:
-            return children
-        time.sleep(0.2)
+from processes import children_left
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
@@ -64,4 +52,4 @@ def test_few_steps_of_the_real_loop(engine, write_grpo_config, tmp_path, request
     assert published and all(r["weight_sync/publish_bytes"] > 0 for r in published)
     assert (tmp_path / "run" / "config.yaml").exists()
     # Shutdown stopped every actor process.
-    assert _children_after(15) == []
+    assert children_left(15) == []

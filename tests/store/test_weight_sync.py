@@ -1,5 +1,5 @@
 """WeightPublisher / WeightPuller over the real store: snapshot semantics, background store,
-old versions deleted, the newest complete version picked up, metrics of each sync."""
+old versions deleted, the newest complete version picked up, metrics of each sync, verify mode."""
 
 import asyncio
 
@@ -9,7 +9,7 @@ import torch
 from forge import store
 from forge.controller import shutdown
 from forge.observability.collector import pop_state
-from forge.weight_sync import WeightPublisher, WeightPuller
+from forge.weight_sync import StoreTransport, WeightMismatchError, WeightPublisher, WeightPuller, checksum
 
 
 def weights(value: float) -> dict[str, torch.Tensor]:
@@ -72,6 +72,65 @@ def test_small_objects_are_versioned_under_their_own_prefix():
                 match=r"version 3 is not in the store \(published under 'policy_ipc': \[4\]\)",
             ):
                 await store.get_object(3, "policy_ipc")
+        finally:
+            await store.shutdown()
+            await shutdown()
+
+    asyncio.run(main())
+
+
+def test_checksum_is_exact_and_sees_moved_bytes():
+    sd = weights(0.5) | {"c.weight": torch.arange(12.0).reshape(3, 4)}
+    same = {n: t.clone() for n, t in sd.items()}
+    assert checksum(sd) == checksum(same)
+    # A permutation keeps a plain byte sum but not this checksum; so does a one-ulp change.
+    swapped = dict(same, **{"c.weight": same["c.weight"].flip(0)})
+    assert checksum(swapped) != checksum(sd)
+    nudged = dict(
+        same, **{"b.bias": torch.nextafter(same["b.bias"], torch.tensor(1e9, dtype=torch.bfloat16))}
+    )
+    assert checksum(nudged) != checksum(sd)
+    # Chunking does not change the value.
+    assert checksum(sd, chunk=7) == checksum(sd)
+
+
+class OneBitFlipTransport(StoreTransport):
+    """The real store path, with one received bit flipped from `bad_version` on: a transport bug."""
+
+    def __init__(self, bad_version: int):
+        super().__init__()
+        self.bad_version = bad_version
+
+    async def get(self, version: int, into: dict[str, torch.Tensor]) -> None:
+        await super().get(version, into)
+        if version >= self.bad_version:
+            into["a.weight"].view(torch.int32)[7, 3] ^= 1
+
+
+def test_verify_mode_passes_exact_copies_and_names_a_corrupted_version():
+    async def main():
+        await store.initialize()
+        try:
+            publisher = WeightPublisher(keep=1, verify=True)
+            puller = WeightPuller(OneBitFlipTransport(bad_version=3), verify=True)
+            into = {k: torch.empty_like(v) for k, v in weights(0.0).items()}
+            for version in (1, 2):
+                await publisher.publish(version, weights(float(version)))
+                await publisher.wait()
+                assert await puller.pull_newest(version - 1, into) == version
+            # The checksums are versioned beside the weights and deleted with them.
+            assert await store.versions("policy_checksum") == [2]
+            assert "weight_sync/verify_s" in pop_state()
+
+            await publisher.publish(3, weights(3.0))
+            await publisher.wait()
+            with pytest.raises(
+                WeightMismatchError,
+                match=r"weight version 3: the received weights' checksum is \d+, the trainer published \d+",
+            ):
+                await puller.pull_newest(2, into)
+            # Without verify mode the same flip would pass unnoticed.
+            assert await WeightPuller(OneBitFlipTransport(bad_version=3)).pull_newest(2, into) == 3
         finally:
             await store.shutdown()
             await shutdown()

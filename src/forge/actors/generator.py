@@ -59,6 +59,9 @@ class GeneratorConfig(ForgeConfigModel):
     # How new weights reach this generator (forge.weight_sync): auto is cuda_ipc when the run
     # has GPUs (trainer and generator on one host), store otherwise.
     weight_transport: Literal["auto", "store", "cuda_ipc"] = "auto"
+    # Compare an exact checksum of every received version with the trainer's (costs one pass
+    # over the weights on each side per sync; for debugging a transport).
+    verify_weights: bool = False
 
     @model_validator(mode="after")
     def _room_for_samples(self) -> GeneratorConfig:
@@ -116,7 +119,9 @@ class Generator(ForgeActor):
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
         self.engine = build_generation_engine(self.cfg, self.tokenizer.eos_token_id)
         self._weights = None  # receive buffers, allocated on the first update
-        self._puller = WeightPuller(build_transport(self.cfg.weight_transport))
+        self._puller = WeightPuller(
+            build_transport(self.cfg.weight_transport), verify=self.cfg.verify_weights
+        )
         self._loading = asyncio.Lock()
         # A replica that replaces a dead one starts from the policy being trained, not model_path.
         await self._pick_up_newest(0)

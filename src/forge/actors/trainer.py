@@ -47,6 +47,7 @@ class TitanTrainer(ForgeActor):
         weights_dtype: str | None = None,
         keep_weight_versions: int = 2,
         weight_transport: str = "store",
+        verify_weights: bool = False,
     ):
         self.engine_config = engine
         self.loss_config = loss
@@ -54,6 +55,7 @@ class TitanTrainer(ForgeActor):
         self.weights_dtype = weights_dtype
         self.keep_weight_versions = keep_weight_versions
         self.weight_transport = weight_transport
+        self.verify_weights = verify_weights
 
     @endpoint
     async def setup(self) -> None:
@@ -63,7 +65,9 @@ class TitanTrainer(ForgeActor):
         self.engine = TitanEngine(self.engine_config, trainable=True)
         self.loss_fn = build_loss(self.loss_config.name, **self.loss_config.params)
         self.rank = current_rank().rank
-        self.publisher = WeightPublisher(self.keep_weight_versions, build_transport(self.weight_transport))
+        self.publisher = WeightPublisher(
+            self.keep_weight_versions, build_transport(self.weight_transport), verify=self.verify_weights
+        )
 
     @endpoint
     async def train_step(self, batches: list[PolicyBatch]) -> dict[str, float]:

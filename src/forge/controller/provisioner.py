@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,6 +155,9 @@ class Provisioner:
         self._all_gpus = _visible_gpus()
         self._free_gpus = list(self._all_gpus)
         self._meshes: list[_MeshRecord] = []
+        # Stopped before any mesh: what would otherwise react to its meshes stopping (a
+        # service's health loop would start replacements for replicas that shutdown stops).
+        self._supervisors: list[Callable[[], Awaitable[None]]] = []
         self._lock = asyncio.Lock()
         self._hosts = AttachedHosts(self.cfg.hosts, self.cfg.placement_for) if self.cfg.hosts else None
         supervision.add_companion_mesh(FETCHER_MESH_NAME)
@@ -321,8 +325,19 @@ class Provisioner:
         except Exception as e:  # a mesh whose process already died cannot stop cleanly
             logger.warning("mesh %s did not stop cleanly: %s", record.name, e)
 
+    def add_supervisor(self, stop: Callable[[], Awaitable[None]]) -> None:
+        """`stop` runs at shutdown before any mesh stops (a service's `stop`)."""
+        self._supervisors.append(stop)
+
+    def remove_supervisor(self, stop: Callable[[], Awaitable[None]]) -> None:
+        if stop in self._supervisors:
+            self._supervisors.remove(stop)
+
     async def shutdown(self) -> None:
-        """Stops every mesh, newest first (later meshes may depend on earlier ones)."""
+        """Stops the supervisors, then every mesh, newest first (later meshes may depend on
+        earlier ones)."""
+        for stop in reversed(list(self._supervisors)):
+            await stop()
         for record in reversed(list(self._meshes)):
             await self.stop_proc_mesh(record.mesh)
 

@@ -120,6 +120,7 @@ class Service:
             await asyncio.gather(*(self._start_replica(i) for i in range(self._num_replicas)))
         )
         self._health_task = asyncio.create_task(self._health_loop(), name=f"{self._name}-health")
+        (await get_provisioner()).add_supervisor(self.stop)
 
     async def _start_replica(self, index: int) -> Replica:
         name = self._cls._unique_name()
@@ -156,11 +157,12 @@ class Service:
         self.replacements += 1
 
     async def stop(self) -> None:
+        provisioner = await get_provisioner()
+        provisioner.remove_supervisor(self.stop)
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
-        provisioner = await get_provisioner()
         for replica in self.replicas:
             supervision.unregister(replica.name)
             await provisioner.stop_proc_mesh(replica.mesh)

@@ -205,20 +205,3 @@ def _local_index(device_uuid: str) -> int:
         f"(CUDA_VISIBLE_DEVICES={torch.cuda.device_count()} device(s)); CUDA IPC weight sync needs it "
         "visible: use the store transport, or place both actors on one host with all its GPUs visible"
     )
-
-
-def checksum(state_dict: dict[str, torch.Tensor], chunk: int = 1 << 24) -> int:
-    """An exact integer fingerprint of the bytes of `state_dict` (verify mode: equal on both sides).
-
-    Each byte is weighted by its position (mod a prime), so swapped bytes change the sum; integer
-    sums do not depend on the reduction order, so two devices agree exactly. Chunked to bound the
-    temporary memory.
-    """
-    total = 0
-    for name in sorted(state_dict):
-        data = state_dict[name].detach().contiguous().view(-1).view(torch.uint8)
-        for start in range(0, data.numel(), chunk):
-            words = data[start : start + chunk].to(torch.int64)
-            positions = torch.arange(start, start + words.numel(), device=words.device) % 65521 + 1
-            total += int((words * positions).sum().item())
-    return total

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import datasets
+import torch
 import transformers
 
 from apps.sft.config import SFTConfig
@@ -103,7 +104,10 @@ async def train(
     eval_batch_size = cfg.eval_batch_size or cfg.data.batch_size
     metrics_path = run_dir / "metrics.jsonl"
     try:
-        trainer = await TitanTrainer.options(procs=procs).as_actor(cfg.trainer.engine, cfg.trainer.loss)
+        # The trainer's processes get GPUs where this machine has them (one per proc).
+        trainer = await TitanTrainer.options(procs=procs, with_gpus=torch.cuda.is_available()).as_actor(
+            cfg.trainer.engine, cfg.trainer.loss
+        )
         start = await restore(trainer, loader) if cfg.resume else 0
         # Before the logger opens the file: the steps after the checkpoint are logged again.
         if start == 0:

@@ -185,3 +185,27 @@ def test_config_mistakes_are_named(tmp_path, capsys):
     assert "unknown key 'trainer.engine.optimzer'" in err and "Did you mean 'optimizer'?" in err
     err = run_expecting_exit(capsys, f"run_dir={tmp_path}", "data.batch_size=3", "trainer.procs=2")
     assert "data.batch_size (3) must be a multiple of the trainer's data-parallel size (2" in err
+
+
+def test_gpu_demo_warm_start_config_runs_two_steps(tmp_path):
+    # As shipped (the `small` flavor included), shortened to 2 steps on a little data.
+    config = TINY_CPU.parent / "gpu_demo.yaml"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(
+            [
+                "--config",
+                str(config),
+                f"run_dir={tmp_path}",
+                "max_steps=2",
+                "data.embedded_task.num_train=64",
+                "data.embedded_task.num_eval=16",
+                "data.batch_size=16",
+                "generation_eval.num_prompts=8",
+            ]
+        )
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(by_step(rows, "train/loss")) == [1, 2]
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert (exported["hidden_size"], exported["num_hidden_layers"]) == (256, 4)  # the small flavor
+    assert "greedy exact match of the export" in out.getvalue()

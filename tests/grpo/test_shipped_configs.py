@@ -15,7 +15,10 @@ from apps.grpo.main import main
 from forge.data.tokenizer import embedded_tokenizer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-RUN_ELSEWHERE = {"sft/tiny_cpu.yaml": "tests/apps/test_sft_app.py"}
+RUN_ELSEWHERE = {
+    "sft/tiny_cpu.yaml": "tests/apps/test_sft_app.py",
+    "sft/gpu_demo.yaml": "tests/apps/test_sft_app.py",
+}
 
 # Only what makes a run tiny: the model, the sizes, the number of steps.
 SMALL = [
@@ -37,6 +40,8 @@ SMALL = [
 # What a config needs beyond SMALL (e.g. the data file it expects a user to provide).
 EXTRA = {
     "grpo/tiny_cpu.yaml": ["dataset.toy_task.num_train=64", "dataset.toy_task.num_eval=8"],
+    # Colocated on one GPU as shipped; on a CPU machine colocation places nothing.
+    "grpo/gpu_demo.yaml": ["dataset.toy_task.num_train=64", "dataset.toy_task.num_eval=8"],
     "grpo/qwen3_1_7b.yaml": [
         "dataset.path={prompts}",
         "dataset.eval_path={prompts}",

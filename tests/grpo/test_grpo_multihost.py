@@ -112,4 +112,4 @@ def test_a_worker_killed_mid_run_stops_the_run_naming_it(write_grpo_config, tls,
         app.kill()
     assert app.returncode == 1, output[-3000:]
     # Named like a dead actor, with the host it ran on.
-    assert f"error: actor Generator_1 (on host 1 ({workers[1].address})) failed" in output, output[-3000:]
+    assert f"error: actor Generator_1 (on host 1 ({workers[1].address})) died" in output, output[-3000:]

@@ -158,6 +158,14 @@ def to_completions(
     ]
 
 
+def check_generate_inputs(prompt_ids: Sequence[Sequence[int]], sample_keys: Sequence[int] | None) -> None:
+    """What every engine's ``generate`` refuses: an empty prompt, or not one sample key per prompt."""
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("every prompt needs at least one token (e.g. a bos token); got an empty prompt")
+    if sample_keys is not None and len(sample_keys) != len(prompt_ids):
+        raise ValueError(f"{len(sample_keys)} sample keys for {len(prompt_ids)} prompts: give one per prompt")
+
+
 def check_model_dir(path: str, key: str) -> None:
     """Fails early, naming the config key, when `path` is not a local Hugging Face model dir."""
     import os

@@ -13,7 +13,13 @@ from os import PathLike
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
 
-from forge.engines.generation import GeneratedSequence, GenerationEngine, SamplingParams, sample_seed
+from forge.engines.generation import (
+    GeneratedSequence,
+    GenerationEngine,
+    SamplingParams,
+    check_generate_inputs,
+    sample_seed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +79,7 @@ class HFGenerateEngine(GenerationEngine):
     ) -> list[list[GeneratedSequence]]:
         if not prompt_ids:
             return []
-        if any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("every prompt needs at least one token (e.g. a bos token); got an empty prompt")
-        if sample_keys is not None and len(sample_keys) != len(prompt_ids):
-            raise ValueError(
-                f"{len(sample_keys)} sample keys for {len(prompt_ids)} prompts: give one per prompt"
-            )
+        check_generate_inputs(prompt_ids, sample_keys)
         uniforms = None
         if params.seed is not None and params.temperature > 0.0:
             uniforms = _row_uniforms(params, sample_keys or range(len(prompt_ids))).to(self.device)

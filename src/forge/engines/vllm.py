@@ -52,6 +52,7 @@ from forge.engines.generation import (
     GeneratedSequence,
     SamplingParams,
     VersionedSamples,
+    check_generate_inputs,
     check_model_dir,
     sample_seed,
 )
@@ -318,12 +319,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
     def _generate_future(
         self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, sample_keys: Sequence[int] | None
     ) -> concurrent.futures.Future:
-        if any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("every prompt needs at least one token (e.g. a bos token); got an empty prompt")
-        if sample_keys is not None and len(sample_keys) != len(prompt_ids):
-            raise ValueError(
-                f"{len(sample_keys)} sample keys for {len(prompt_ids)} prompts: give one per prompt"
-            )
+        check_generate_inputs(prompt_ids, sample_keys)
         self._check_fits(prompt_ids, params)
         keys = list(sample_keys) if sample_keys is not None else list(range(len(prompt_ids)))
         return self._submit(_Batch([list(p) for p in prompt_ids], params, keys, concurrent.futures.Future()))

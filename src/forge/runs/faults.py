@@ -62,7 +62,9 @@ def describe_actor_error(error: BaseException) -> RunStopped | None:
     text = str(error)
     how = "died during" if isinstance(error, SupervisionError) else "raised in"
     match = _CALL_RE.search(text)
-    where = f"actor {match.group(1)} {how} {match.group(2)}()" if match else f"an actor {how} a call"
+    # describe_failure adds where the actor ran when it is known (a worker host).
+    actor = supervision.describe_failure(match.group(1)) if match else ""
+    where = f"actor {actor} {how} {match.group(2)}()" if match else f"an actor {how} a call"
     return RunStopped(f"{where}: {_last_line(text)}")
 
 

@@ -75,14 +75,19 @@ def checkpointer(cfg: GRPOConfig) -> RunCheckpointer:
 
 
 def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, str]:
-    """The key numbers of a step, as the progress bar or line shows them."""
-    fields = {"reward": f"{row.get('rollout/reward', float('nan')):.3f}"}
+    """The key numbers of a step, as the progress bar or line shows them ("-": none this step,
+    e.g. no rollout finished during it)."""
+
+    def shown(key: str, spec: str, unit: str = "") -> str:
+        return f"{row[key]:{spec}}{unit}" if key in row else "-"
+
+    fields = {"reward": shown("rollout/reward", ".3f")}
     if accuracy is not None:
         fields["eval acc"] = f"{accuracy:.3f}"
-    fields["policy age"] = f"{row.get('buffer/policy_age_mean', float('nan')):.2f}"
-    fields["gen"] = f"{row.get('generator/tokens_per_s', float('nan')):.0f} tok/s"
-    fields["sync"] = f"{row.get('grpo/weight_sync_ms', float('nan')):.0f} ms"
-    fields["wait"] = f"{row.get('grpo/wait_batch_ms', float('nan')):.0f} ms"
+    fields["policy age"] = shown("buffer/policy_age_mean", ".2f")
+    fields["gen"] = shown("generator/tokens_per_s", ".0f", " tok/s")
+    fields["sync"] = shown("grpo/weight_sync_ms", ".0f", " ms")
+    fields["wait"] = shown("grpo/wait_batch_ms", ".0f", " ms")
     fields["step"] = f"{step_s:.2f} s"
     return fields
 

@@ -12,8 +12,9 @@ travel is the `Transport`'s business, so the publisher, the puller and their cal
 change with it:
 - `StoreTransport`: through the store itself (host memory, Monarch messages); any placement,
   several hosts included. Qwen3-1.7B in bf16 on 2 x H200: 7.2 s.
-- `CudaIpcTransport`: GPU to GPU on one host, the store holding only a small handle per
-  version. The same model: 0.033 s (bench/RESULTS.md, "Weight sync on one host").
+- `IpcTransport`: on one host, the store holding only a small handle per version; GPU to GPU
+  by CUDA IPC (the same model: 0.033 s, bench/RESULTS.md, "Weight sync on one host"), or
+  through shared host memory on CPU.
 
 Each sync reports its bytes, seconds and GB/s: `weight_sync/publish_*` from the trainer,
 `weight_sync/pull_*` from each generator. Verify mode (`generator.verify_weights`) also stores
@@ -25,6 +26,7 @@ run with the version and both sums, instead of training on a policy nobody publi
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any, Protocol
 
@@ -103,19 +105,20 @@ class StoreTransport:
         return await store.versions()
 
 
-class CudaIpcTransport:
-    """Tensors stay on the trainer's GPU, in a staging slot that generators on the same host
-    copy from by CUDA IPC (`forge.store.cuda_ipc`); the store holds only each version's small
-    handle, so versions and their deletion work as with `StoreTransport`. Needs the trainer's
-    GPU visible in the generator's process (the provisioner makes it so) and one host."""
+class IpcTransport:
+    """Tensors stay in the trainer's process, in a staging slot that generators on the same host
+    copy from (`forge.store.cuda_ipc`): its GPU memory by CUDA IPC (`cuda_ipc`), or shared host
+    memory on CPU (`shm`). The store holds only each version's small handle, so versions and
+    their deletion work as with `StoreTransport`. `cuda_ipc` needs the trainer's GPU visible in
+    the generator's process (the provisioner makes it so); both need one host."""
 
     PREFIX = "policy_ipc"
 
-    def __init__(self, slots: int = 2) -> None:
+    def __init__(self, device: torch.device, slots: int = 2) -> None:
         from forge.store.cuda_ipc import IpcPublisher, IpcReceiver
 
         # `slots` versions can be read at once; older handles fail their stamp check.
-        self._publisher = IpcPublisher(torch.device("cuda", torch.cuda.current_device()), slots=slots)
+        self._publisher = IpcPublisher(device, slots=slots)
         self._receiver = IpcReceiver()
 
     def stage(self, version: int, state_dict: dict[str, torch.Tensor]):
@@ -144,21 +147,27 @@ class CudaIpcTransport:
 
 
 def resolve_transport(name: str, one_host: bool = True) -> str:
-    """`auto` becomes `cuda_ipc` when this program has GPUs and its actors share one host, else
-    `store`; other names stay."""
-    if name == "auto":
-        return "cuda_ipc" if torch.cuda.is_available() and one_host else "store"
-    return name
+    """`auto` becomes `cuda_ipc` when this program has GPUs and its actors share one host,
+    `shm` when they share one host without GPUs (on Linux), else `store`; other names stay."""
+    if name != "auto":
+        return name
+    if not one_host:
+        return "store"
+    if torch.cuda.is_available():
+        return "cuda_ipc"
+    return "shm" if hasattr(os, "memfd_create") else "store"
 
 
 def build_transport(name: str) -> Transport:
-    """The transport named `store`, `cuda_ipc` or `auto` (`generator.weight_transport`)."""
+    """The transport named `store`, `cuda_ipc`, `shm` or `auto` (`generator.weight_transport`)."""
     name = resolve_transport(name)
     if name == "cuda_ipc":
-        return CudaIpcTransport()
+        return IpcTransport(torch.device("cuda", torch.cuda.current_device()))
+    if name == "shm":
+        return IpcTransport(torch.device("cpu"))
     if name == "store":
         return StoreTransport()
-    raise ValueError(f"unknown weight transport {name!r}: use 'store' or 'cuda_ipc'")
+    raise ValueError(f"unknown weight transport {name!r}: use 'store', 'cuda_ipc' or 'shm'")
 
 
 def _nbytes(state_dict: dict[str, torch.Tensor]) -> int:

@@ -56,7 +56,7 @@ def test_publish_in_background_pull_newest_and_keep():
 
 
 def test_small_objects_are_versioned_under_their_own_prefix():
-    # How CudaIpcTransport publishes a version: its handle, as one object, beside the tensors' versions.
+    # How IpcTransport publishes a version: its handle, as one object, beside the tensors' versions.
     async def main():
         await store.initialize()
         try:

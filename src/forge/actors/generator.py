@@ -57,8 +57,8 @@ class GeneratorConfig(ForgeConfigModel):
     # replacement loads the newest published weights before it serves.
     replicas: int = Field(1, ge=1)
     # How new weights reach this generator (forge.weight_sync): auto is cuda_ipc when the run
-    # has GPUs (trainer and generator on one host), store otherwise.
-    weight_transport: Literal["auto", "store", "cuda_ipc"] = "auto"
+    # has GPUs, shm on CPU (trainer and generator on one host), store across hosts.
+    weight_transport: Literal["auto", "store", "cuda_ipc", "shm"] = "auto"
     # Compare an exact checksum of every received version with the trainer's (costs one pass
     # over the weights on each side per sync; for debugging a transport).
     verify_weights: bool = False

@@ -75,24 +75,6 @@ def test_sample_evicts_stale_episodes_counts_them_and_splits_per_rank():
     assert len(buffer) == 1  # 5 fresh, 4 sampled: each episode is trained on at most once
 
 
-def test_sample_takes_the_oldest_versions_first_and_mixes_within_a_version():
-    buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=4, max_policy_age=2, seed=0))
-    for i, v in enumerate((2, 1, 2, 1, 1, 2, 2, 2)):
-        buffer.add(episode(v, advantage=float(i)))
-    [batch] = buffer.sample(curr_policy_version=2)
-    # The three version-1 episodes (the next to go stale) and one of the five version-2 ones.
-    assert sorted(e.completion.policy_version for e in batch) == [1, 1, 1, 2]
-    assert sorted(e.advantage for e in batch if e.completion.policy_version == 1) == [1.0, 3.0, 4.0]
-    # Within a version the draw is random: another seed picks another version-2 episode.
-    picks = set()
-    for seed in range(8):
-        other = EpisodeBuffer(ReplayBufferConfig(batch_size=4, max_policy_age=2, seed=seed))
-        for i, v in enumerate((2, 1, 2, 1, 1, 2, 2, 2)):
-            other.add(episode(v, advantage=float(i)))
-        picks |= {e.advantage for e in other.sample(2)[0] if e.completion.policy_version == 2}
-    assert len(picks) > 1
-
-
 def test_sample_returns_none_until_a_full_batch_is_fresh():
     buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=2, max_policy_age=0))
     buffer.add(episode(0))

@@ -159,14 +159,16 @@ def resolve_transport(name: str, one_host: bool = True) -> str:
 
 
 def build_transport(name: str) -> Transport:
-    """The transport named `store`, `cuda_ipc`, `shm` or `auto` (`generator.weight_transport`)."""
-    name = resolve_transport(name)
+    """The transport named `store`, `cuda_ipc` or `shm` (`generator.weight_transport`). Both
+    ends must build the same one, so `auto` is resolved only where both are known (the app,
+    with `resolve_transport`); an actor left at `auto` takes the store, which works anywhere
+    and is `TitanTrainer`'s default too."""
+    if name in ("auto", "store"):
+        return StoreTransport()
     if name == "cuda_ipc":
         return IpcTransport(torch.device("cuda", torch.cuda.current_device()))
     if name == "shm":
         return IpcTransport(torch.device("cpu"))
-    if name == "store":
-        return StoreTransport()
     raise ValueError(f"unknown weight transport {name!r}: use 'store', 'cuda_ipc' or 'shm'")
 
 
@@ -227,10 +229,28 @@ class WeightPublisher:
 class WeightPuller:
     """Generator side: loads versions into the engine's receive buffers (`into`)."""
 
-    def __init__(self, transport: Transport | None = None, poll_s: float = 0.005, verify: bool = False):
+    def __init__(
+        self,
+        transport: Transport | None = None,
+        poll_s: float = 0.005,
+        verify: bool = False,
+        wait_timeout_s: float = 600.0,
+    ):
         self.transport = transport or StoreTransport()
         self.poll_s = poll_s
         self.verify = verify
+        # A version that never appears is a wiring fault (the two ends on different transports,
+        # or a trainer that died): fail with that, rather than wait forever.
+        self.wait_timeout_s = wait_timeout_s
+
+    async def _wait(self, version: int, since: float, published: list[int]) -> None:
+        if time.monotonic() - since > self.wait_timeout_s:
+            raise TimeoutError(
+                f"weight version {version} was not published through {type(self.transport).__name__} "
+                f"within {self.wait_timeout_s:.0f} s (published there: {published[-5:]}): the trainer "
+                "and the generator must use the same generator.weight_transport"
+            )
+        await asyncio.sleep(self.poll_s)
 
     async def newest(self) -> int | None:
         published = await self.transport.versions()
@@ -238,8 +258,9 @@ class WeightPuller:
 
     async def pull(self, version: int, into: dict[str, torch.Tensor]) -> None:
         """Loads exactly `version`, waiting for it to be published."""
-        while version not in await self.transport.versions():
-            await asyncio.sleep(self.poll_s)
+        since = time.monotonic()
+        while version not in (published := await self.transport.versions()):
+            await self._wait(version, since, published)
         started = time.perf_counter()
         await self.transport.get(version, into)
         _record_sync("pull", _nbytes(into), time.perf_counter() - started)
@@ -251,6 +272,7 @@ class WeightPuller:
         """Loads the newest complete version if it is newer than `current`, waiting until one
         is at least `min_version`. Returns the version loaded, or None."""
         loaded = failed = None
+        since = time.monotonic()
         while True:
             newest = await self.newest()
             if newest is not None and newest > current:
@@ -269,7 +291,7 @@ class WeightPuller:
                 loaded = current = newest
             if current >= min_version:
                 return loaded
-            await asyncio.sleep(self.poll_s)
+            await self._wait(min_version, since, [] if newest is None else [newest])
 
     async def _verify(self, version: int, received: dict[str, torch.Tensor]) -> None:
         if not self.verify:

@@ -9,7 +9,14 @@ import torch
 from forge import store
 from forge.controller import shutdown
 from forge.observability.collector import pop_state
-from forge.weight_sync import StoreTransport, WeightMismatchError, WeightPublisher, WeightPuller, checksum
+from forge.weight_sync import (
+    StoreTransport,
+    WeightMismatchError,
+    WeightPublisher,
+    WeightPuller,
+    build_transport,
+    checksum,
+)
 
 
 def weights(value: float) -> dict[str, torch.Tensor]:
@@ -131,6 +138,30 @@ def test_verify_mode_passes_exact_copies_and_names_a_corrupted_version():
                 await puller.pull_newest(2, into)
             # Without verify mode the same flip would pass unnoticed.
             assert await WeightPuller(OneBitFlipTransport(bad_version=3)).pull_newest(2, into) == 3
+        finally:
+            await store.shutdown()
+            await shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_version_that_never_comes_fails_naming_the_transport_setting():
+    async def main():
+        await store.initialize()
+        try:
+            await WeightPublisher().publish(1, weights(1.0))
+            # The generator looks on another transport than the trainer published on.
+            puller = WeightPuller(build_transport("shm"), wait_timeout_s=0.2)
+            into = {k: torch.empty_like(v) for k, v in weights(0.0).items()}
+            with pytest.raises(
+                TimeoutError,
+                match=r"weight version 1 was not published through IpcTransport.*generator.weight_transport",
+            ):
+                await puller.pull(1, into)
+            with pytest.raises(TimeoutError, match=r"weight version 1 was not published"):
+                await puller.pull_newest(0, into, min_version=1)
+            # An actor left at `auto` builds the store transport, as the trainer does by default.
+            assert await WeightPuller(build_transport("auto")).pull_newest(0, into, min_version=1) == 1
         finally:
             await store.shutdown()
             await shutdown()

@@ -9,6 +9,7 @@ from monarch.actor import current_rank, endpoint
 
 from forge.controller import ForgeActor, shutdown
 from forge.observability import Accumulator, MetricsConfig, Reduce, get_metric_logger, record_metric
+from forge.observability.backends import JsonlBackend, drop_metrics_after
 from forge.observability.collector import pop_state
 
 
@@ -103,3 +104,18 @@ def test_console_backend_prints_whatever_the_root_logger_level(capsys):
     finally:
         logging.getLogger().setLevel(root_level)
     assert capsys.readouterr().out == "step 3 | loss/pg=0.25 train/lr=0.0003\n"
+
+
+def test_rows_dropped_on_resume_while_the_file_is_open_and_later_rows_still_land(tmp_path):
+    # A resumed GRPO run opens its metrics file, then drops the rows logged after its
+    # checkpoint (a new file renamed over the old one): its next rows must reach the new file.
+    path = tmp_path / "metrics.jsonl"
+    backend = JsonlBackend(path)
+    for step in (1, 2, 3):
+        backend.log(step, {"loss": float(step)})
+    drop_metrics_after(path, 2)
+    backend.log(3, {"loss": 30.0})
+    backend.log(4, {"loss": 40.0})
+    backend.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]

@@ -57,8 +57,19 @@ class JsonlBackend(MetricBackend):
         self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self._replaced():
+            # A resumed run drops the rows logged after its checkpoint by renaming a new file
+            # over this one (`drop_metrics_after`): write to the file now at `path`.
+            self._file.close()
+            self._file = self.path.open("a", encoding="utf-8")
         self._file.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
         self._file.flush()
+
+    def _replaced(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino != os.fstat(self._file.fileno()).st_ino
+        except FileNotFoundError:
+            return True
 
     def close(self) -> None:
         self._file.close()

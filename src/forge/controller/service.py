@@ -104,6 +104,7 @@ class Service:
         self._rr = itertools.count()
         self.replicas: list[Replica] = []
         self._health_task: asyncio.Task | None = None
+        self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.replacements = 0
 
@@ -136,7 +137,7 @@ class Service:
         return holder[0]
 
     async def _health_loop(self) -> None:
-        while True:
+        while not self._stopping:
             for replica in list(self.replicas):
                 if not replica.healthy:
                     await self._replace(replica)
@@ -159,10 +160,11 @@ class Service:
     async def stop(self) -> None:
         provisioner = await get_provisioner()
         provisioner.remove_supervisor(self.stop)
+        # Not cancelled: a replacement being spawned finishes (Monarch does not take a spawn
+        # cancelled halfway well), joins the replicas, and is stopped below with them.
+        self._stopping = True
         if self._health_task is not None:
-            self._health_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._health_task
+            await self._health_task
         for replica in self.replicas:
             supervision.unregister(replica.name)
             await provisioner.stop_proc_mesh(replica.mesh)

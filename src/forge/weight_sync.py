@@ -261,10 +261,7 @@ class WeightPuller:
         since = time.monotonic()
         while version not in (published := await self.transport.versions()):
             await self._wait(version, since, published)
-        started = time.perf_counter()
-        await self.transport.get(version, into)
-        _record_sync("pull", _nbytes(into), time.perf_counter() - started)
-        await self._verify(version, into)
+        await self._load(version, into)
 
     async def pull_newest(
         self, current: int, into: dict[str, torch.Tensor], min_version: int = 0
@@ -276,9 +273,8 @@ class WeightPuller:
         while True:
             newest = await self.newest()
             if newest is not None and newest > current:
-                started = time.perf_counter()
                 try:
-                    await self.transport.get(newest, into)
+                    await self._load(newest, into)
                 except store.VersionNotFoundError:
                     # Deleted (or its slot reused) while read: a newer one exists. The same
                     # version failing twice is no race but a fault: surface it.
@@ -286,12 +282,17 @@ class WeightPuller:
                         raise
                     failed = newest
                     continue
-                _record_sync("pull", _nbytes(into), time.perf_counter() - started)
-                await self._verify(newest, into)
                 loaded = current = newest
             if current >= min_version:
                 return loaded
             await self._wait(min_version, since, [] if newest is None else [newest])
+
+    async def _load(self, version: int, into: dict[str, torch.Tensor]) -> None:
+        """Copies `version` into `into`, reports the sync, and checks it in verify mode."""
+        started = time.perf_counter()
+        await self.transport.get(version, into)
+        _record_sync("pull", _nbytes(into), time.perf_counter() - started)
+        await self._verify(version, into)
 
     async def _verify(self, version: int, received: dict[str, torch.Tensor]) -> None:
         if not self.verify:

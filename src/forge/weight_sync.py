@@ -26,6 +26,7 @@ run with the version and both sums, instead of training on a policy nobody publi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import Any, Protocol
@@ -212,12 +213,11 @@ class WeightPublisher:
         await self.transport.put(version, staged)
         _record_sync("publish", self.transport.nbytes(staged), time.perf_counter() - started)
         for old in (await self.transport.versions())[: -self.keep]:
-            try:
+            with contextlib.suppress(store.VersionNotFoundError):  # already gone
                 await self.transport.delete(old)
-                if self.verify:
+            if self.verify:  # even when the weights were gone already: no checksum outlives them
+                with contextlib.suppress(store.VersionNotFoundError):
                     await store.delete_object(old, CHECKSUM_PREFIX)
-            except store.VersionNotFoundError:  # already gone
-                pass
 
     async def wait(self) -> None:
         """Until the last publish is stored; raises its error if it failed."""

@@ -167,7 +167,7 @@ class Service:
             await self._health_task
         for replica in self.replicas:
             supervision.unregister(replica.name)
-            await provisioner.stop_proc_mesh(replica.mesh)
+        await asyncio.gather(*(provisioner.stop_proc_mesh(replica.mesh) for replica in self.replicas))
         self.replicas = []
 
     # ---- routing ---------------------------------------------------------------------

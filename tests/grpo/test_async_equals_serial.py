@@ -1,5 +1,7 @@
 """async == sync: with max_policy_age 0, one rollout loop and a seed, the actor pipeline is the
-serial recipe, step for step; and two runs of the app with one seed log the same losses.
+serial recipe, step for step. (That two runs of the app with one seed log the same numbers is
+shown by tests/grpo/test_grpo_durable.py, which compares a killed and resumed run with an
+uninterrupted one.)
 
 Equality is bit-exact, not to a tolerance: both sides run the same float32 CPU kernels on one
 thread (actor_threads: 1; the serial recipe sets the same), the same engines, the same
@@ -34,24 +36,12 @@ def _losses(path) -> list[dict]:
     return [{key: row[key] for key in ("step", *COMPARED)} for row in rows if row["step"] > 0]
 
 
-def test_app_in_sync_mode_equals_the_serial_recipe_and_repeats(write_grpo_config, tmp_path):
+def test_app_in_sync_mode_equals_the_serial_recipe(write_grpo_config, tmp_path):
     config = write_grpo_config()
     main(["--config", str(config), *SYNC])
-    first = _losses(tmp_path / "run" / "metrics.jsonl")
-    again_dir = tmp_path / "again"
-    main(
-        [
-            "--config",
-            str(config),
-            *SYNC,
-            f"output_dir={again_dir}",
-            f"metrics.jsonl_path={again_dir}/metrics.jsonl",
-        ]
-    )
-    again = _losses(tmp_path / "again" / "metrics.jsonl")
-    assert len(first) == 3 and again == first
+    app = _losses(tmp_path / "run" / "metrics.jsonl")
+    assert len(app) == 3
 
     serial = grpo_serial(load_config(GRPOConfig, config, SYNC))
-    assert [{key: row[key] for key in ("step", *COMPARED)} for row in serial["metrics"]] == first
-    # The steps did train (the compared values are not all constants).
-    assert len({row["train/loss"] for row in first}) == 3
+    assert [{key: row[key] for key in ("step", *COMPARED)} for row in serial["metrics"]] == app
+    assert len({row["train/loss"] for row in app}) == 3

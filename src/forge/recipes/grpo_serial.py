@@ -11,7 +11,7 @@ Each step, top to bottom:
 It uses the app's configuration (apps.grpo.config.GRPOConfig) and the very pieces the actors
 wrap (the engines, the reward scorer, the advantage function, the buffer's logic, the
 seeded sampling), so with `replay_buffer.max_policy_age: 0` and one rollout loop the app
-produces the same episodes, losses and rewards step for step (tests/grpo/test_async_equals_serial.py).
+produces the same episodes, losses and rewards step for step (tests/grpo/test_grpo_durable.py).
 """
 
 from __future__ import annotations

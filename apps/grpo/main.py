@@ -185,7 +185,7 @@ async def _train(cfg: GRPOConfig) -> dict:
     async def continuous_rollouts() -> None:
         """Waits for the staleness bound to allow a rollout, then makes one into the buffer."""
         while not stop.is_set():
-            await wait_for_room(replay_buffer, counts)
+            await wait_for_room(replay_buffer, counts, lambda: bound.version)
             min_version = await bound.start_rollout(rollout_episodes)
             added: list[int] = []
             try:

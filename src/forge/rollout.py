@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,11 +63,18 @@ class RolloutCounts:
     waits_for_room: int = 0  # times a loop waited on a full buffer
 
 
-async def wait_for_room(replay_buffer, counts: RolloutCounts | None = None, poll_s: float = 0.05) -> None:
-    """Waits while the buffer is full (backpressure), counting the wait in `rollout/wait_for_room_s`."""
+async def wait_for_room(
+    replay_buffer,
+    counts: RolloutCounts | None = None,
+    trainer_version: Callable[[], int] | None = None,
+    poll_s: float = 0.05,
+) -> None:
+    """Waits while the buffer is full (backpressure), counting the wait in `rollout/wait_for_room_s`.
+    `trainer_version()`, the version the next train step starts from, lets the buffer evict
+    the episodes that step can no longer use before it counts."""
     started = time.perf_counter()
     waited = False
-    while not await _call(replay_buffer.has_room)():
+    while not await _call(replay_buffer.has_room)(trainer_version() if trainer_version else None):
         waited = True
         await asyncio.sleep(poll_s)
     if waited:

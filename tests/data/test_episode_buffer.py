@@ -110,6 +110,18 @@ def test_a_full_buffer_asks_rollouts_to_wait_and_keeps_every_episode():
     assert buffer.has_room() and buffer.counts["sampled"] == 2
 
 
+def test_episodes_the_trainer_made_stale_leave_room():
+    # Full of version-0 episodes; once the trainer is at version 2 (max age 1) they can never be
+    # trained on: asked with that version, the buffer evicts them instead of holding rollouts
+    # back (the trainer, finding no fresh batch, would never sample them away).
+    buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=2, max_size=2, max_policy_age=1))
+    buffer.add(episode(0))
+    buffer.add(episode(0))
+    assert not buffer.has_room() and not buffer.has_room(1)  # still fresh at version 1
+    assert buffer.has_room(2)
+    assert len(buffer) == 0 and buffer.counts["evicted_stale"] == 2
+
+
 def test_max_size_must_hold_a_batch():
     with pytest.raises(ValueError, match=r"max_size \(2\) must be at least replay_buffer.batch_size \(4\)"):
         ReplayBufferConfig(batch_size=4, max_size=2)

@@ -51,9 +51,10 @@ class ReplayBuffer(ForgeActor):
         return [PolicyBatch.from_episodes(episodes, self.pad_id) for episodes in per_rank]
 
     @endpoint
-    async def has_room(self) -> bool:
-        """False while full: rollout loops wait on it (backpressure)."""
-        return self.buffer.has_room()
+    async def has_room(self, curr_policy_version: int | None = None) -> bool:
+        """False while full (of episodes still fresh at `curr_policy_version`, when given):
+        rollout loops wait on it (backpressure)."""
+        return self.buffer.has_room(curr_policy_version)
 
     @endpoint
     async def counts(self) -> dict[str, int]:

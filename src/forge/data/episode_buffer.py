@@ -54,8 +54,15 @@ class EpisodeBuffer:
     def __len__(self) -> int:
         return len(self._episodes)
 
-    def has_room(self) -> bool:
-        """False while the buffer holds `max_size` episodes or more: rollouts should wait."""
+    def has_room(self, curr_policy_version: int | None = None) -> bool:
+        """False while the buffer holds `max_size` episodes or more: rollouts should wait.
+
+        With the trainer's version, episodes it made stale are evicted first. Otherwise a
+        buffer full of them would hold the rollouts back while the trainer, finding no fresh
+        batch, never samples (which is where they are evicted otherwise): a deadlock.
+        """
+        if curr_policy_version is not None:
+            self.evict(curr_policy_version)
         return len(self._episodes) < self.cfg.max_size
 
     def add(self, episode: Episode) -> None:

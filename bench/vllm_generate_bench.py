@@ -46,7 +46,8 @@ import torch  # noqa: E402
 from forge.engines.generation import SamplingParams  # noqa: E402
 from forge.engines.titan.config import TitanEngineConfig  # noqa: E402
 from forge.engines.titan.engine import TitanEngine  # noqa: E402
-from forge.engines.vllm import VLLMConfig, VLLMEngine, llm_kwargs  # noqa: E402
+from forge.engines.vllm import VLLMEngine  # noqa: E402
+from forge.engines.vllm_config import VLLMConfig, llm_kwargs  # noqa: E402
 
 PARTS = ("plain", "engine", "actor", "hf", "parity")
 CONCURRENT_CALLS = 4

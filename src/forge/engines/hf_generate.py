@@ -20,6 +20,7 @@ from forge.engines.generation import (
     check_generate_inputs,
     sample_seed,
 )
+from forge.engines.hf_layout import HFLayout, mismatch_error
 
 logger = logging.getLogger(__name__)
 
@@ -161,21 +162,8 @@ class HFGenerateEngine(GenerationEngine):
         )
         return out.logits[:, -1, :].float()
 
-    def _primary_parameters(self) -> dict[str, torch.nn.Parameter]:
-        """Parameters by HF name, each shared (tied) tensor once, under its first name."""
-        return dict(self.model.named_parameters())
-
-    def _tied_aliases(self) -> dict[str, str]:
-        """Maps each extra name of a tied parameter (e.g. ``lm_head.weight``) to its primary name."""
-        primary_by_tensor = {id(p): name for name, p in self.model.named_parameters()}
-        return {
-            name: primary_by_tensor[id(p)]
-            for name, p in self.model.named_parameters(remove_duplicate=False)
-            if primary_by_tensor[id(p)] != name
-        }
-
     def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
-        return {name: torch.empty_like(p) for name, p in self._primary_parameters().items()}
+        return {name: torch.empty_like(p) for name, p in self.model.named_parameters()}
 
     @torch.no_grad()
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -185,38 +173,21 @@ class HFGenerateEngine(GenerationEngine):
         are tied) may also be present, and must then equal its primary: a trainer with untied
         weights cannot be loaded into a tied model without losing one of them.
         """
-        params = self._primary_parameters()
-        aliases = self._tied_aliases()
-        missing = sorted(params.keys() - state_dict.keys())
-        unexpected = sorted(state_dict.keys() - params.keys() - aliases.keys())
-        mismatched = [
-            f"{name}: got {tuple(t.shape)}, expected {tuple(params[name].shape)}"
-            for name, t in state_dict.items()
-            if name in params and t.shape != params[name].shape
-        ]
+        layout = HFLayout.of_model(self.model)
         untied = [
             f"{alias} differs from {primary}"
-            for alias, primary in aliases.items()
+            for alias, primary in layout.aliases.items()
             if alias in state_dict
             and primary in state_dict
             and not torch.equal(state_dict[alias].to(state_dict[primary].device), state_dict[primary])
         ]
-        problems = []
-        if missing:
-            problems.append(f"missing keys {missing}")
-        if unexpected:
-            problems.append(f"unexpected keys {unexpected}")
-        if mismatched:
-            problems.append(f"shape mismatches {mismatched}")
+        problems = layout.problems(state_dict)
         if untied:
             problems.append(f"tied weights that differ {untied} (the model ties them; the sender does not)")
         if problems:
-            raise ValueError(
-                f"cannot load state dict into {type(self.model).__name__}: "
-                + "; ".join(problems)
-                + ". The sender must use the same architecture and Hugging Face parameter names."
-            )
-        for name, param in params.items():
+            raise mismatch_error(type(self.model).__name__, problems)
+        # named_parameters: each tied tensor once, under its primary name.
+        for name, param in self.model.named_parameters():
             param.copy_(state_dict[name])
 
 

@@ -35,18 +35,14 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-from pydantic import Field
 
-from forge.config import ForgeConfigModel
 from forge.engines.generation import (
     ConcurrentGenerationEngine,
     GeneratedSequence,
@@ -56,27 +52,10 @@ from forge.engines.generation import (
     check_model_dir,
     sample_seed,
 )
+from forge.engines.hf_layout import HFLayout, mismatch_error
+from forge.engines.vllm_config import VLLMConfig, in_process, llm_kwargs
 
 logger = logging.getLogger(__name__)
-
-
-class VLLMConfig(ForgeConfigModel):
-    """vLLM's own settings (``generator.vllm``); the dtype is ``generator.dtype``."""
-
-    # The share of GPU memory vLLM may use (weights, activations, KV cache); vLLM's default.
-    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
-    # The KV cache size in GiB; when set it replaces what gpu_memory_utilization leaves. None:
-    # that remainder on GPU, and 0.25 GiB on CPU, where gpu_memory_utilization would be the share
-    # of all RAM for this process, its own memory included (it fails when the process is big).
-    kv_cache_memory_gib: float | None = Field(default=None, gt=0.0)
-    # None: the model's max_position_embeddings.
-    max_model_len: int | None = Field(default=None, ge=2)
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    # None: eager on CPU (vLLM's CPU backend), compiled with CUDA graphs on GPU.
-    enforce_eager: bool | None = None
-    # n samples of one prompt share its KV cache; weight updates clear the cache.
-    enable_prefix_caching: bool = True
-    seed: int = 0
 
 
 @dataclass
@@ -117,7 +96,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
     ):
         from transformers import AutoConfig
 
-        _in_process()
+        in_process()
         self.config = config or VLLMConfig()
         self.key = key
         self.model_path = model_path
@@ -138,7 +117,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         # vLLM runs without a tokenizer here (prompts are token ids), so it knows no eos: we
         # pass ours as stop tokens.
         self.eos_token_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        self._primary, self._aliases = _hf_parameter_layout(self.hf_config, self.dtype)
+        self._layout = HFLayout.of_config(self.hf_config, self.dtype)
 
         self.version = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -294,10 +273,9 @@ class VLLMEngine(ConcurrentGenerationEngine):
     def _apply(self, update: _WeightUpdate) -> None:
         started = time.perf_counter()
         try:
-            weights = [(name, update.state_dict[name]) for name in self._primary]
             # vLLM's CPU model keeps lm_head apart from the embedding it is tied to: without
             # the alias the head keeps its old weights (on GPU the loader skips it).
-            weights += [(alias, update.state_dict[primary]) for alias, primary in self._aliases.items()]
+            weights = self._layout.named_tensors(update.state_dict)
             self._llm.collective_rpc(_reload_weights, args=(weights,))
             # Cached prefixes hold keys and values of the old weights.
             self._llm.reset_prefix_cache()
@@ -345,31 +323,11 @@ class VLLMEngine(ConcurrentGenerationEngine):
         return await asyncio.wrap_future(self._generate_future(prompt_ids, params, sample_keys))
 
     def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
-        return {name: torch.empty(shape, dtype=self.dtype) for name, shape in self._primary.items()}
+        return self._layout.template(self.dtype)
 
     def _check_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        missing = sorted(self._primary.keys() - state_dict.keys())
-        unexpected = sorted(state_dict.keys() - self._primary.keys() - self._aliases.keys())
-        mismatched = [
-            f"{name}: got {tuple(t.shape)}, expected {tuple(self._primary[name])}"
-            for name, t in state_dict.items()
-            if name in self._primary and tuple(t.shape) != tuple(self._primary[name])
-        ]
-        problems = [
-            f"{what} {names}"
-            for what, names in (
-                ("missing keys", missing),
-                ("unexpected keys", unexpected),
-                ("shape mismatches", mismatched),
-            )
-            if names
-        ]
-        if problems:
-            raise ValueError(
-                f"cannot load state dict into vLLM's {self.hf_config.architectures}: "
-                + "; ".join(problems)
-                + ". The sender must use the same architecture and Hugging Face parameter names."
-            )
+        if problems := self._layout.problems(state_dict):
+            raise mismatch_error(f"vLLM's {self.hf_config.architectures}", problems)
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         self._check_state_dict(state_dict)
@@ -386,40 +344,6 @@ class VLLMEngine(ConcurrentGenerationEngine):
         if self._thread.is_alive():
             self._inbox.put(_STOP)
             self._thread.join()
-
-
-def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: bool) -> dict[str, Any]:
-    """The arguments of ``vllm.LLM`` for this engine (benchmarks build plain vLLM with them too)."""
-    _in_process()
-    kwargs: dict[str, Any] = {}
-    if config.max_model_len is not None:
-        kwargs["max_model_len"] = config.max_model_len
-    kv_cache_gib = config.kv_cache_memory_gib or (None if on_gpu else 0.25)
-    if kv_cache_gib is not None:
-        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-    return dict(
-        model=model_path,
-        # Prompts arrive as token ids and samples leave as token ids: no tokenizer.
-        skip_tokenizer_init=True,
-        dtype=str(dtype).removeprefix("torch."),
-        seed=config.seed,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        tensor_parallel_size=config.tensor_parallel_size,
-        enforce_eager=config.enforce_eager if config.enforce_eager is not None else not on_gpu,
-        enable_prefix_caching=config.enable_prefix_caching,
-        # Logprobs after temperature and top-k/top-p: the distribution sampled from.
-        logprobs_mode="processed_logprobs",
-        # Sampling settings are ours only, never the model's generation_config.json.
-        generation_config="vllm",
-        **kwargs,
-    )
-
-
-def _in_process() -> None:
-    """Keeps vLLM's engine core in this process (set before vllm is imported): the
-    multiprocessing core spawns a process that needs a `__main__` guard, and its RPCs would
-    pickle every weight update."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 class _Stopped(Exception):
@@ -442,24 +366,6 @@ def _sequence(completion) -> GeneratedSequence:
         logprobs=logprobs,
         stop_reason="stop" if completion.finish_reason == "stop" else "length",
     )
-
-
-def _hf_parameter_layout(hf_config, dtype: torch.dtype) -> tuple[dict[str, torch.Size], dict[str, str]]:
-    """The HF parameter names and shapes of the model (each tied tensor once, under its first
-    name), and the tied aliases (``lm_head.weight`` -> ``model.embed_tokens.weight``), read
-    from a transformers model built on the meta device: no memory, no weights."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
-    primary = {name: p.shape for name, p in model.named_parameters()}
-    primary_by_tensor = {id(p): name for name, p in model.named_parameters()}
-    aliases = {
-        name: primary_by_tensor[id(p)]
-        for name, p in model.named_parameters(remove_duplicate=False)
-        if primary_by_tensor[id(p)] != name
-    }
-    return primary, aliases
 
 
 def _vllm_version() -> str:

@@ -1,0 +1,66 @@
+"""vLLM's settings (``generator.vllm``) and the ``vllm.LLM`` arguments made from them, apart
+from the engine (forge.engines.vllm) so that configs load without it and benchmarks can build
+plain vLLM with the same arguments."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from forge.config import ForgeConfigModel
+
+
+class VLLMConfig(ForgeConfigModel):
+    """vLLM's own settings (``generator.vllm``); the dtype is ``generator.dtype``."""
+
+    # The share of GPU memory vLLM may use (weights, activations, KV cache); vLLM's default.
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    # The KV cache size in GiB; when set it replaces what gpu_memory_utilization leaves. None:
+    # that remainder on GPU, and 0.25 GiB on CPU, where gpu_memory_utilization would be the share
+    # of all RAM for this process, its own memory included (it fails when the process is big).
+    kv_cache_memory_gib: float | None = Field(default=None, gt=0.0)
+    # None: the model's max_position_embeddings.
+    max_model_len: int | None = Field(default=None, ge=2)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    # None: eager on CPU (vLLM's CPU backend), compiled with CUDA graphs on GPU.
+    enforce_eager: bool | None = None
+    # n samples of one prompt share its KV cache; weight updates clear the cache.
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+
+def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: bool) -> dict[str, Any]:
+    """The arguments of ``vllm.LLM`` for this engine (benchmarks build plain vLLM with them too)."""
+    in_process()
+    kwargs: dict[str, Any] = {}
+    if config.max_model_len is not None:
+        kwargs["max_model_len"] = config.max_model_len
+    kv_cache_gib = config.kv_cache_memory_gib or (None if on_gpu else 0.25)
+    if kv_cache_gib is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+    return dict(
+        model=model_path,
+        # Prompts arrive as token ids and samples leave as token ids: no tokenizer.
+        skip_tokenizer_init=True,
+        dtype=str(dtype).removeprefix("torch."),
+        seed=config.seed,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        tensor_parallel_size=config.tensor_parallel_size,
+        enforce_eager=config.enforce_eager if config.enforce_eager is not None else not on_gpu,
+        enable_prefix_caching=config.enable_prefix_caching,
+        # Logprobs after temperature and top-k/top-p: the distribution sampled from.
+        logprobs_mode="processed_logprobs",
+        # Sampling settings are ours only, never the model's generation_config.json.
+        generation_config="vllm",
+        **kwargs,
+    )
+
+
+def in_process() -> None:
+    """Keeps vLLM's engine core in this process (set before vllm is imported): the
+    multiprocessing core spawns a process that needs a `__main__` guard, and its RPCs would
+    pickle every weight update."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -67,8 +67,9 @@ def total(rows: list[dict], key: str) -> float:
     return sum(r.get(key, 0.0) for r in rows)
 
 
-def kill_a_generator_replica_after_step_1(metrics: Path, killed: list[int]) -> threading.Thread:
-    """Kills one of this run's two generator replicas once step 1's metrics row is written."""
+def kill_a_generator_replica_once_training_starts(metrics: Path, killed: list[int]) -> threading.Thread:
+    """Kills one of this run's two generator replicas once the first metrics row (step 0's
+    eval) is written, while the first rollouts run."""
     app_pid = os.getpid()
 
     def kill() -> None:
@@ -97,7 +98,7 @@ def test_faults_cost_nothing_and_the_run_checkpoints_and_exports(
     )
     run = tmp_path / "run"
     killed: list[int] = []
-    killer = kill_a_generator_replica_after_step_1(run / "metrics.jsonl", killed)
+    killer = kill_a_generator_replica_once_training_starts(run / "metrics.jsonl", killed)
     history = main(
         ["--config", str(config), "replay_buffer.max_size=8", "generator.replicas=2", "max_steps=5"]
     )

@@ -232,11 +232,11 @@ def test_packed_loader_from_a_file(tmp_path):
     assert set(trained.split("<|im_end|>")) <= {"5.", "16, since 4+4+4+4 = 16.", ""}
 
 
-def test_a_template_that_rewrites_earlier_turns_is_rejected(tmp_path):
-    # Marks the last message differently, so rendering a prefix is not a prefix of the whole.
+def test_a_template_whose_turn_end_depends_on_the_position_is_rejected(tmp_path):
+    # Closes the last message differently, so message 2's end-of-turn marker is ambiguous.
     template = CHATML_TEMPLATE.replace(
         "{{ message['content'] }}", "{{ message['content'] }}{% if loop.last %}!{% endif %}"
     )
     path = write_rows(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}])
-    with pytest.raises(ValueError, match=r"row 0: the chat template is not prefix-stable at message 2"):
+    with pytest.raises(ValueError, match=r"row 0: cannot locate assistant message 2 .* end-of-turn marker"):
         build_sft_data(SFTDataConfig(path=path), char_tokenizer(template))

@@ -23,6 +23,7 @@ import transformers
 
 from apps.sft.config import SFTConfig
 from forge.actors.trainer import TitanTrainer
+from forge.engines.titan.checkpoint_model import check_model_section
 from forge.config import config_to_dict, parse_args, save_config
 from forge.controller import shutdown
 from forge.data.prompts import read_prompt_target_rows
@@ -180,6 +181,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         check_fresh_start(cfg)
         prepared = prepare_data(cfg.data, cfg.tokenizer_path, Path(cfg.run_dir))
         loader = build_sft_loader(prepared.config, prepared.data)
+        check_model_section(
+            cfg.trainer.engine.model,
+            "trainer.engine.model",
+            len(prepared.tokenizer),
+            str(prepared.tokenizer_dir),
+        )
         generation_rows = None
         if cfg.generation_eval is not None:
             generation_rows = read_prompt_target_rows(
@@ -194,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         raise SystemExit(2) from None
     # What the run really uses, so that config.yaml describes it completely.
     engine = cfg.trainer.engine
-    engine.model.vocab_size = engine.model.vocab_size or len(prepared.tokenizer)
+    if engine.model.hf_path is None:  # a checkpoint brings its own vocabulary rows
+        engine.model.vocab_size = engine.model.vocab_size or len(prepared.tokenizer)
     engine.checkpoint.folder = str(checkpoint_folder(cfg).resolve())
     save_config(cfg, Path(cfg.run_dir) / "config.yaml")
     print(data_line(cfg, prepared), flush=True)

@@ -173,8 +173,10 @@ def test_export_loads_in_transformers_with_matching_logits(tmp_path, model, arch
         hf_logits = hf_model(tokens).logits
     torch.testing.assert_close(hf_logits, engine.forward(tokens), rtol=0, atol=1e-4)
 
+    # Reloaded from the export, the trainer's model is the one transformers loads from it, exactly
+    # (for llama3 not bit for bit the flavor's model: torchtitan's llama3 rotates complex pairs).
     reloaded = TitanEngine(make_config(model={"name": model, "hf_path": str(out)}), trainable=False)
-    torch.testing.assert_close(reloaded.forward(tokens), engine.forward(tokens), rtol=0, atol=0)
+    torch.testing.assert_close(reloaded.forward(tokens), hf_logits, rtol=0, atol=0)
 
 
 def test_reference_engine_has_no_optimizer_and_no_grad():
@@ -191,15 +193,13 @@ def test_missing_hf_path_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="no-such-checkpoint"):
         TitanEngine(make_config(model={"hf_path": str(missing)}))
     missing.mkdir()
-    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors files in .*no-such-checkpoint"):
+    with pytest.raises(FileNotFoundError, match=r"no-such-checkpoint has no config\.json"):
         TitanEngine(make_config(model={"hf_path": str(missing)}))
 
 
 def test_wrong_shapes_and_keys_are_named(tmp_path):
     out = TitanEngine(make_config()).export_hf(tmp_path / "v40")
-    with pytest.raises(
-        ValueError, match=r"v40 .*model\.embed_tokens\.weight: got \(40, 64\), model needs \(48, 64\)"
-    ):
+    with pytest.raises(ValueError, match=r"model\.vocab_size is 48 but .*v40/config\.json has vocab_size 40"):
         TitanEngine(make_config(model={"vocab_size": 48, "hf_path": str(out)}))
 
     engine = TitanEngine(make_config(), trainable=False)

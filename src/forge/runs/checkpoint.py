@@ -23,7 +23,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -44,6 +44,8 @@ class CheckpointConfig(ForgeConfigModel):
     keep: int = Field(2, ge=1, description="newest checkpoints kept on disk")
     # The final policy is always exported to output_dir/export; this also exports every N steps.
     export_every: int = Field(0, ge=0, description="also export every N steps (0: only at the end)")
+    # The exported weights' dtype; None keeps the starting checkpoint's (its config.json's).
+    export_dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
 
 @dataclass

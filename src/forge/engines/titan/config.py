@@ -16,13 +16,21 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    name: Literal["qwen3", "llama3"] = "qwen3"
+    """Which model the engine builds.
+
+    With ``hf_path`` the checkpoint's ``config.json`` decides the model (architecture, sizes,
+    RoPE, tying, vocabulary rows); ``name``, ``flavor`` and ``vocab_size`` are then optional,
+    and any of them that is set must agree with the checkpoint (checked before start-up).
+    Without ``hf_path`` the named flavor decides, with these defaults.
+    """
+
+    name: Literal["qwen3", "qwen2", "llama3"] = "qwen3"
     flavor: str = "tiny"
     """A flavor registered in ``forge.engines.titan.flavors`` or one of torchtitan's (e.g. ``0.6B``)."""
     hf_path: str | None = None
-    """Local Hugging Face checkpoint directory (``*.safetensors``) to load the initial weights from."""
+    """Local Hugging Face checkpoint directory (``config.json``, ``*.safetensors``)."""
     vocab_size: int | None = Field(default=None, gt=0)
-    """Overrides the flavor's vocabulary size: the tokenizer decides it."""
+    """Without ``hf_path``: overrides the flavor's vocabulary size (the tokenizer decides it)."""
 
 
 class OptimizerConfig(_Section):

@@ -9,6 +9,7 @@ the same order (they contain collectives); each rank passes its own share of the
 """
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import math
@@ -31,10 +32,13 @@ from torchtitan.protocols.train_spec import get_train_spec
 from torchtitan.tools.utils import set_default_dtype
 
 from forge.engines.titan.checkpoint import Checkpointer, TrainState, load_dcp, save_dcp
+from forge.engines.titan.checkpoint_model import check_config_agrees, read_checkpoint_model
 from forge.engines.titan.config import TitanEngineConfig
+from forge.engines.titan.decoder import TRAIN_SPEC_NAME
 from forge.engines.titan.flavors import resolve_model_args
 from forge.engines.titan.hf import (
     check_hf_state_dict,
+    checkpoint_export_config,
     expected_hf_shapes,
     hf_config,
     read_safetensors_dir,
@@ -75,9 +79,19 @@ class TitanEngine:
         self.device = init_runtime()
         self.job_config = build_job_config(config)
         self.parallel_dims = build_parallel_dims(config.parallelism)
-        self.spec = get_train_spec(config.model.name)
-        self.model_args = resolve_model_args(config.model.name, config.model.flavor, config.model.vocab_size)
-        # Export declares the flavor's context length; the engine itself only needs seq_len.
+        # A checkpoint decides its model (config.json); without one, the named flavor does.
+        self.checkpoint_model = None
+        if config.model.hf_path is not None:
+            self.checkpoint_model = read_checkpoint_model(config.model.hf_path)
+            check_config_agrees(config.model, self.checkpoint_model, "model")
+            self.spec = get_train_spec(TRAIN_SPEC_NAME)
+            self.model_args = copy.deepcopy(self.checkpoint_model.model_args)
+        else:
+            self.spec = get_train_spec(config.model.name)
+            self.model_args = resolve_model_args(
+                config.model.name, config.model.flavor, config.model.vocab_size
+            )
+        # A flavor's export declares the flavor's context length; the engine itself only needs seq_len.
         self._context_length = max(self.model_args.max_seq_len, config.training.seq_len)
         self.model_args.update_from_config(self.job_config)
         self.adapter = self.spec.state_dict_adapter(self.model_args, None)
@@ -108,13 +122,18 @@ class TitanEngine:
         folder = config.checkpoint.folder
         self._checkpointer = Checkpointer(folder, config.checkpoint.keep_latest_k) if folder else None
         logger.info(
-            "built %s/%s on %s (%d parameters, trainable=%s)",
-            config.model.name,
-            config.model.flavor,
+            "built %s on %s (%d parameters, trainable=%s)",
+            self.model_description,
             self.device,
             sum(p.numel() for p in self.model.parameters()),
             trainable,
         )
+
+    @property
+    def model_description(self) -> str:
+        if self.checkpoint_model is not None:
+            return f"{self.checkpoint_model.architecture} from {self.checkpoint_model.path}"
+        return f"{self.config.model.name}/{self.config.model.flavor}"
 
     def _build_model(self) -> torch.nn.Module:
         with torch.device("meta"), set_default_dtype(TORCH_DTYPE_MAP[self.config.training.dtype]):
@@ -274,12 +293,25 @@ class TitanEngine:
         self.load_hf_state_dict(read_safetensors_dir(path), source=str(path))
         logger.info("loaded Hugging Face weights from %s", path)
 
-    def export_hf(self, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
-        """Write a directory that ``AutoModelForCausalLM.from_pretrained`` loads (rank 0 writes)."""
-        hf_sd = self.hf_state_dict()
+    def export_hf(
+        self, out_dir: str | Path, tokenizer_dir: str | Path | None = None, dtype: str | None = None
+    ) -> Path:
+        """Write a directory that ``AutoModelForCausalLM.from_pretrained`` loads (rank 0 writes).
+
+        A model loaded from a checkpoint is exported from that checkpoint's files (config,
+        generation config, tokenizer) with only the weights changed, in ``dtype`` (default: the
+        checkpoint's); a flavor's model gets a config written for it, in the parameters' dtype.
+        """
+        checkpoint = self.checkpoint_model
+        dtype = dtype or (checkpoint.dtype if checkpoint is not None else None)
+        hf_sd = self.hf_state_dict(getattr(torch, dtype) if dtype else None)
         if dist.get_rank() == 0:
-            config = hf_config(self.config.model.name, self.model_args, hf_sd, self._context_length)
-            write_hf_dir(out_dir, hf_sd, config, tokenizer_dir)
+            if checkpoint is not None:
+                config = checkpoint_export_config(checkpoint.path, dtype)
+                write_hf_dir(out_dir, hf_sd, config, tokenizer_dir, source_dir=checkpoint.path)
+            else:
+                config = hf_config(self.config.model.name, self.model_args, hf_sd, self._context_length)
+                write_hf_dir(out_dir, hf_sd, config, tokenizer_dir)
         dist.barrier()
         return Path(out_dir)
 

@@ -59,9 +59,7 @@ def check_hf_state_dict(
     if unexpected:
         problems.append(f"unexpected keys {unexpected}")
     if wrong_shape:
-        problems.append(
-            f"wrong shapes {wrong_shape} (is model.flavor right, and model.vocab_size the tokenizer's?)"
-        )
+        problems.append(f"wrong shapes {wrong_shape} (is model.flavor right?)")
     if problems:
         raise ValueError(f"Hugging Face weights from {source} do not fit the model: " + "; ".join(problems))
     return state_dict
@@ -160,14 +158,35 @@ def hf_config(
     return config_dict
 
 
+def checkpoint_export_config(source_dir: str | os.PathLike, dtype: str) -> dict:
+    """The input checkpoint's config.json, with only its dtype changed when the export's differs."""
+    config = json.loads((Path(source_dir) / "config.json").read_text())
+    declared = [key for key in ("torch_dtype", "dtype") if key in config]
+    for key in declared or ["torch_dtype"]:
+        config[key] = dtype
+    return config
+
+
+def _is_weights_file(name: str) -> bool:
+    # Weights are written anew; pickled formats are never read, so never carried along either.
+    return name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".ckpt"))
+
+
 def write_hf_dir(
     out_dir: str | os.PathLike,
     hf_state_dict: dict[str, torch.Tensor],
     config: dict,
     tokenizer_dir: str | os.PathLike | None = None,
+    source_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Write ``model.safetensors`` + ``config.json`` (+ tokenizer files) so that ``out_dir`` appears
-    only complete: everything goes to a temporary sibling that is renamed at the end."""
+    only complete: everything goes to a temporary sibling that is renamed at the end.
+
+    With ``source_dir`` (the checkpoint training started from) every file of it but the weights
+    is carried over unchanged (generation config, tokenizer, chat template, ...), and ``config``
+    replaces its config.json. Without it, ``tokenizer_dir``'s tokenizer files are copied and a
+    generation config with the tokenizer's special ids is written.
+    """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
@@ -176,7 +195,13 @@ def write_hf_dir(
 
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in hf_state_dict.items()}
     save_file(tensors, tmp_dir / "model.safetensors", metadata={"format": "pt"})
-    if tokenizer_dir is not None:
+    if source_dir is not None:
+        for file in Path(source_dir).iterdir():
+            if file.is_file() and not _is_weights_file(file.name):
+                shutil.copy2(file, tmp_dir / file.name)
+        if tokenizer_dir is not None and Path(tokenizer_dir).resolve() != Path(source_dir).resolve():
+            _copy_tokenizer_files(Path(tokenizer_dir), tmp_dir)
+    elif tokenizer_dir is not None:
         _copy_tokenizer_files(Path(tokenizer_dir), tmp_dir)
         # So that plain `transformers` generation stops at the tokenizer's eos.
         config = {**config, **_special_token_ids(tmp_dir)}

@@ -1,0 +1,1 @@
+"""Environments for tool-using agents: the sandbox that runs model-written code."""

@@ -95,6 +95,17 @@ class GRPOConfig(ForgeConfigModel):
             self.metrics.rollouts_path = f"{self.output_dir}/rollouts.jsonl"
         if self.rollout.replay_from is not None and not self.trainer.enabled:
             raise ValueError("rollout.replay_from trains on recorded rollouts: it needs trainer.enabled=true")
+        # The generator renders the dataset's prompts: one setting, dataset.chat_template.
+        generator_template = self.generator.chat_template
+        if (
+            "chat_template" in self.generator.model_fields_set
+            and generator_template != self.dataset.chat_template
+        ):
+            raise ValueError(
+                f"generator.chat_template ({generator_template}) differs from dataset.chat_template "
+                f"({self.dataset.chat_template}): set dataset.chat_template only, the generator takes it"
+            )
+        self.generator.chat_template = self.dataset.chat_template
         if self.generator.sampling.seed is None:
             # The run's seed reaches the sampling (each sample seeded by its prompt and index).
             self.generator.sampling.seed = self.seed

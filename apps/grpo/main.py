@@ -266,7 +266,11 @@ async def _train(cfg: GRPOConfig) -> dict:
                 async with pause.paused():
                     await checkpoints.save(Progress(step, version, history), actors)
             if last or (cfg.checkpoint.export_every and step % cfg.checkpoint.export_every == 0):
-                await trainer.export_hf.call(str(Path(cfg.output_dir, "export").resolve()), cfg.policy_path)
+                await trainer.export_hf.call(
+                    str(Path(cfg.output_dir, "export").resolve()),
+                    cfg.policy_path,
+                    cfg.checkpoint.export_dtype,
+                )
         display.close()
         if trainer is not None:
             await trainer.wait_published.call()

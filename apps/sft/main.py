@@ -23,13 +23,13 @@ import transformers
 
 from apps.sft.config import SFTConfig
 from forge.actors.trainer import TitanTrainer
-from forge.engines.titan.checkpoint_model import check_model_section
 from forge.config import config_to_dict, parse_args, save_config
 from forge.controller import shutdown
 from forge.data.prompts import read_prompt_target_rows
 from forge.data.rewards import get_reward_fn
 from forge.data.sft import build_sft_loader
 from forge.data.sft_loader import SFTDataLoader
+from forge.engines.titan.checkpoint_model import check_model_section
 from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.observability.backends import drop_metrics_after
 from forge.observability.progress import Progress

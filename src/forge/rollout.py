@@ -30,8 +30,10 @@ async def score_groups(
     rows: list[dict], groups: list[list[Completion]], reward, advantages
 ) -> list[list[Episode]]:
     """Rewards, then group-relative advantages, for the completions of each prompt (two calls)."""
+    # Reward functions take the prompt as a string: `Completion.prompt`, a string prompt as
+    # written, chat messages as the chat template rendered them (the whole conversation).
     scores = await _call(reward.evaluate_groups)(
-        [r["prompt"] for r in rows], [[c.text for c in g] for g in groups], [r["target"] for r in rows]
+        [g[0].prompt for g in groups], [[c.text for c in g] for g in groups], [r["target"] for r in rows]
     )
     values = await _call(advantages.compute_groups)([[total for total, _ in group] for group in scores])
     scored = []
@@ -158,7 +160,7 @@ async def greedy_accuracy(
     )
     completions = [g[0] for g in groups]
     targets = [r["target"] for r in rows]
-    scores = [score_fn(r["prompt"], c.text, r["target"]) for r, c in zip(rows, completions, strict=True)]
+    scores = [score_fn(c.prompt, c.text, t) for c, t in zip(completions, targets, strict=True)]
     if recorder is not None:
         recorder.record_eval(completions, targets, scores)
     return sum(s == 1.0 for s in scores) / len(rows)

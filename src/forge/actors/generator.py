@@ -9,6 +9,11 @@ the rollout passes each prompt's position in the dataset's stream as its key, so
 draws the same samples however its prompts are batched, and a resumed run continues them.
 Calls without keys use the ordinal of the call instead.
 
+Prompts are strings or chat messages; the generator renders them into the ids it samples from
+with its tokenizer and `chat_template` (`forge.data.chat_prompts`), so the rollouts and the
+eval see the same ids, and `Completion.prompt` holds their text form. Stop strings
+(`sampling.stop`) are applied by the engines, which get the tokenizer for them.
+
 Weights: before each request the generator loads the newest complete version in the store,
 if there is a newer one (`forge.weight_sync.WeightPuller`); a request can ask for at least
 `min_version` and then waits for it. `update_weights(v)` loads exactly `v`.
@@ -34,6 +39,7 @@ from pydantic import Field, model_validator
 
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
+from forge.data.chat_prompts import ChatTemplateSetting, Prompt, PromptRenderer
 from forge.data.types import Completion
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams, sample_seed, to_completions
 from forge.engines.vllm_config import VLLMConfig
@@ -53,6 +59,9 @@ class GeneratorConfig(ForgeConfigModel):
     dtype: Literal["float32", "bfloat16"] = "float32"
     vllm: VLLMConfig = VLLMConfig()
     sampling: SamplingParams = SamplingParams()
+    # How prompts become ids (forge.data.chat_prompts): "auto", "none" or a .jinja path. The
+    # GRPO app sets it from dataset.chat_template.
+    chat_template: ChatTemplateSetting = "auto"
     # More than 1 runs the generators as a service: a replica that dies is replaced, and the
     # replacement loads the newest published weights before it serves.
     replicas: int = Field(1, ge=1)
@@ -82,8 +91,9 @@ def resolve_engine(engine: str) -> str:
     return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
 
 
-def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None):
-    """The engine named by `cfg.engine` (engines are imported lazily, only when chosen)."""
+def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None, tokenizer=None):
+    """The engine named by `cfg.engine` (engines are imported lazily, only when chosen);
+    `tokenizer` lets it apply stop strings (`sampling.stop`)."""
     import torch
 
     engine = resolve_engine(cfg.engine)
@@ -91,7 +101,9 @@ def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None):
     if engine == "vllm":
         from forge.engines.vllm import VLLMEngine
 
-        return VLLMEngine(cfg.model_path, cfg.vllm, dtype=cfg.dtype, eos_token_id=eos_token_id)
+        return VLLMEngine(
+            cfg.model_path, cfg.vllm, dtype=cfg.dtype, eos_token_id=eos_token_id, tokenizer=tokenizer
+        )
 
     from transformers import AutoModelForCausalLM
 
@@ -100,7 +112,7 @@ def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=getattr(torch, cfg.dtype)).to(device)
     # The tokenizer's eos is authoritative: an exported config.json may not carry one.
-    return HFGenerateEngine(model, eos_token_id=eos_token_id)
+    return HFGenerateEngine(model, eos_token_id=eos_token_id, tokenizer=tokenizer)
 
 
 class Generator(ForgeActor):
@@ -117,7 +129,8 @@ class Generator(ForgeActor):
 
         check_model_dir(self.cfg.model_path, "generator.model_path")
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
-        self.engine = build_generation_engine(self.cfg, self.tokenizer.eos_token_id)
+        self.renderer = PromptRenderer(self.tokenizer, self.cfg.chat_template, "generator.chat_template")
+        self.engine = build_generation_engine(self.cfg, self.tokenizer.eos_token_id, self.tokenizer)
         self._weights = None  # receive buffers, allocated on the first update
         self._puller = WeightPuller(
             build_transport(self.cfg.weight_transport), verify=self.cfg.verify_weights
@@ -127,7 +140,7 @@ class Generator(ForgeActor):
         await self._pick_up_newest(0)
 
     @concurrent_endpoint
-    async def generate(self, prompt: str, min_version: int = 0, **sampling: Any) -> list[Completion]:
+    async def generate(self, prompt: Prompt, min_version: int = 0, **sampling: Any) -> list[Completion]:
         """`n` completions of `prompt` (sampling defaults from config, overridden by kwargs)."""
         await self._pick_up_newest(min_version)
         return (await self._generate([prompt], None, sampling))[0]
@@ -135,7 +148,7 @@ class Generator(ForgeActor):
     @concurrent_endpoint
     async def generate_batch(
         self,
-        prompts: list[str],
+        prompts: list[Prompt],
         sample_keys: list[int] | None = None,
         min_version: int = 0,
         **sampling: Any,
@@ -176,14 +189,15 @@ class Generator(ForgeActor):
         )
 
     async def _generate(
-        self, prompts: list[str], sample_keys: list[int] | None, overrides: dict[str, Any]
+        self, prompts: list[Prompt], sample_keys: list[int] | None, overrides: dict[str, Any]
     ) -> list[list[Completion]]:
         # Overrides are validated like config: an unknown or bad sampling key fails here.
         params = SamplingParams.model_validate({**self.cfg.sampling.model_dump(), **overrides})
         if sample_keys is None:
             sample_keys = [sample_seed(self._unkeyed_calls, i) for i in range(len(prompts))]
             self._unkeyed_calls += 1
-        prompt_ids = [self.tokenizer(p).input_ids for p in prompts]
+        rendered = [self.renderer.render(p) for p in prompts]
+        prompt_ids = [r.ids for r in rendered]
         started = time.perf_counter()
         if isinstance(self.engine, ConcurrentGenerationEngine):
             version, outputs = await self.engine.generate_async(prompt_ids, params, sample_keys)
@@ -194,7 +208,7 @@ class Generator(ForgeActor):
         tokens = sum(len(seq.token_ids) for group in outputs for seq in group)
         record_metric("generator/tokens_per_s", tokens / max(elapsed, 1e-9), Reduce.MEAN)
         record_metric("generator/generated_tokens", tokens, Reduce.SUM)
-        return to_completions(prompts, prompt_ids, outputs, self.tokenizer, version)
+        return to_completions([r.text for r in rendered], prompt_ids, outputs, self.tokenizer, version)
 
     @endpoint
     async def update_weights(self, version: int) -> None:

@@ -138,7 +138,9 @@ class TitanTrainer(ForgeActor):
         return self.engine.latest_step()
 
     @endpoint
-    async def export_hf(self, out_dir: str, tokenizer_dir: str | None = None, dtype: str | None = None) -> str:
+    async def export_hf(
+        self, out_dir: str, tokenizer_dir: str | None = None, dtype: str | None = None
+    ) -> str:
         """Writes a Hugging Face directory (every rank gathers, rank 0 writes); ``dtype`` None
         keeps the starting checkpoint's."""
         return str(self.engine.export_hf(out_dir, tokenizer_dir, dtype))

@@ -1,9 +1,11 @@
 """Prompts (and targets) for RL, with a resumable cursor.
 
 Rows come from the embedded toy task (`source: toy_task`) or a local JSON/JSONL/Parquet
-file with a prompt and a target column. Each epoch visits every training row once in an
-order drawn from (seed, epoch), so `state_dict()` (epoch, position) fully determines what
-comes next.
+file with a prompt and a target column. A prompt is a string or a list of chat messages
+(`forge.data.chat_prompts`), from the prompt column or, in a file without one, the messages
+column; the generator renders it with `chat_template`. Each epoch visits every training row
+once in an order drawn from (seed, epoch), so `state_dict()` (epoch, position) fully
+determines what comes next.
 """
 
 from __future__ import annotations
@@ -12,41 +14,68 @@ import random
 from typing import Any, Literal
 
 from forge.config import ForgeConfigModel
+from forge.data.chat_prompts import ChatTemplateSetting, check_prompt
 from forge.data.toy_task import ToyTaskConfig, make_splits
 
-# {"prompt", "target"}; rows drawn from a cursor also carry "index", their position in the
-# cursor's endless stream (the generator's sample key: see forge.actors.generator).
+# {"prompt", "target"}, the prompt a string or chat messages; rows drawn from a cursor also
+# carry "index", their position in the cursor's endless stream (the generator's sample key:
+# see forge.actors.generator).
 Row = dict[str, Any]
 
 
 class PromptDataConfig(ForgeConfigModel):
     source: Literal["toy_task", "file"] = "toy_task"
     toy_task: ToyTaskConfig = ToyTaskConfig()
-    # For source=file: local files with `prompt_column` and `target_column`.
+    # For source=file: local files with `prompt_column` (or `messages_column`) and `target_column`.
     path: str | None = None
     eval_path: str | None = None
+    # A string or a list of {role, content} messages per row.
     prompt_column: str = "prompt"
+    # Read only from a file without `prompt_column`: a file with both is usually an SFT set
+    # whose messages end with the answer, so the prompts win.
+    messages_column: str = "messages"
     target_column: str = "target"
+    # How prompts become tokens (forge.data.chat_prompts): "auto" (the tokenizer's chat template,
+    # if it has one), "none", or the path of a .jinja template.
+    chat_template: ChatTemplateSetting = "auto"
     seed: int = 0
 
 
-def read_prompt_target_rows(path: str, prompt_column: str, target_column: str, keys_hint: str) -> list[Row]:
-    """``{"prompt", "target"}`` rows of a local dataset file; a missing column is an error that
-    names the file, the columns it has, and the config keys (``keys_hint``) that choose them."""
+def read_prompt_target_rows(
+    path: str, prompt_column: str, target_column: str, keys_hint: str, messages_column: str | None = None
+) -> list[Row]:
+    """``{"prompt", "target"}`` rows of a local dataset file, the prompt from ``prompt_column``, or
+    from ``messages_column`` when the file has no ``prompt_column``. A missing column is an error
+    that names the file, the columns it has, and the config keys (``keys_hint``) that choose them;
+    a prompt that is neither a string nor chat messages names the file, the row and the column."""
     from forge.data.sft_loading import load_split
 
     dataset = load_split(path, "train")
-    missing = [c for c in (prompt_column, target_column) if c not in dataset.column_names]
+    columns = dataset.column_names
+    if prompt_column not in columns and messages_column in columns:
+        prompt_column = messages_column
+    missing = [c for c in (prompt_column, target_column) if c not in columns]
     if missing:
-        raise ValueError(
-            f"{path}: missing column(s) {missing}; it has {dataset.column_names} (set {keys_hint})"
+        also = (
+            f" (nor a messages column '{messages_column}')"
+            if prompt_column in missing and messages_column
+            else ""
         )
-    return [{"prompt": str(r[prompt_column]), "target": str(r[target_column])} for r in dataset]
+        raise ValueError(f"{path}: missing column(s) {missing}{also}; it has {columns} (set {keys_hint})")
+    rows = []
+    for index, r in enumerate(dataset):
+        check_prompt(r[prompt_column], f"{path}: row {index}, column '{prompt_column}'")
+        rows.append({"prompt": r[prompt_column], "target": str(r[target_column])})
+    return rows
 
 
 def _load_file(path: str, cfg: PromptDataConfig) -> list[Row]:
     return read_prompt_target_rows(
-        path, cfg.prompt_column, cfg.target_column, "dataset.prompt_column / dataset.target_column"
+        path,
+        cfg.prompt_column,
+        cfg.target_column,
+        "dataset.prompt_column or dataset.messages_column / dataset.target_column",
+        cfg.messages_column,
     )
 
 

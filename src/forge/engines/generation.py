@@ -21,13 +21,23 @@ drawn in: two runs that generate the same (prompt, key) pairs in any grouping dr
 samples, which is what exact resume and the async == serial check need. (vLLM maps this to
 one request per prompt with ``seed=sample_seed(seed, keys[i])``.) Without a seed, engines
 draw from the process's global RNG.
+
+Stop strings (shared by all engines, which need the tokenizer for them): a sample ends at the
+first token whose decoding completes one of ``SamplingParams.stop`` in the response text (as
+``Completion.text`` shows it: special tokens skipped; the prompt's text is not searched). That
+token is kept whole, like a stop token: a stop string split over several tokens (``</`` ``tool``
+``>``) ends at the last of them, and a token holding more than the stop string (``></tool>x``)
+is kept with its extra characters, so that training sees the decision to stop and the kept
+logprobs stay those of the kept tokens. Later tokens and their logprobs are dropped, and the
+stop reason is "stop". (vLLM's own ``stop`` needs its tokenizer and drops the stop string's
+text; forge runs vLLM without a tokenizer.)
 """
 
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,6 +58,10 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[int] = Field(
         default_factory=list, description="tokens that end a sample, in addition to the model's eos"
     )
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description="strings that end a sample at the token completing one (kept, see the module docstring)",
+    )
     seed: int | None = Field(
         default=None, description="base seed: each sample is seeded by (seed, its prompt's key, its index)"
     )
@@ -62,6 +76,48 @@ class GeneratedSequence:
     token_ids: list[int]
     logprobs: list[float]
     stop_reason: StopReason
+
+
+class StopStrings:
+    """The stop-string rule of the module docstring, for one tokenizer and one list of strings.
+
+    Only the last ``window`` tokens are decoded at each position, so that checking every new
+    token costs the same however long the response is: the tokens that make up a stop string of
+    n characters are at most 4n (a character has at most 4 bytes, a token at least one), and 4
+    more before them let the window decode as it does within the whole text (a leading space, a
+    character cut in bytes). Special tokens decode to nothing: a stop string with more than 4 of
+    them inside it could be missed."""
+
+    def __init__(self, tokenizer, stop: Sequence[str]):
+        self.tokenizer, self.stop = tokenizer, list(stop)
+        self.window = 4 * max(len(s) for s in stop) + 4
+
+    def ends_with_stop(self, token_ids: Sequence[int]) -> bool:
+        """Whether the last of ``token_ids`` (a response so far) completes a stop string."""
+        text = self.tokenizer.decode(token_ids[-self.window :], skip_special_tokens=True)
+        return any(s in text for s in self.stop)
+
+    def truncate(self, sequence: GeneratedSequence) -> GeneratedSequence:
+        """``sequence`` cut after the first token that completes a stop string (unchanged when none does)."""
+        text = self.tokenizer.decode(sequence.token_ids, skip_special_tokens=True)
+        if not any(s in text for s in self.stop):  # the usual case: one decode
+            return sequence
+        for end in range(1, len(sequence.token_ids) + 1):
+            if self.ends_with_stop(sequence.token_ids[:end]):
+                return GeneratedSequence(sequence.token_ids[:end], sequence.logprobs[:end], "stop")
+        return sequence
+
+
+def stop_strings(tokenizer, params: SamplingParams) -> StopStrings | None:
+    """The engines' stop strings for ``params``: None when there are none."""
+    if not params.stop:
+        return None
+    if tokenizer is None:
+        raise ValueError(
+            "generator.sampling.stop needs the engine to decode tokens, but it was built without a "
+            "tokenizer: pass tokenizer= to the engine (the Generator actor does)"
+        )
+    return StopStrings(tokenizer, params.stop)
 
 
 def sample_seed(*parts: int) -> int:

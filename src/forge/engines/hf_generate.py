@@ -17,8 +17,10 @@ from forge.engines.generation import (
     GeneratedSequence,
     GenerationEngine,
     SamplingParams,
+    StopStrings,
     check_generate_inputs,
     sample_seed,
+    stop_strings,
 )
 from forge.engines.hf_layout import HFLayout, mismatch_error
 
@@ -29,11 +31,15 @@ class HFGenerateEngine(GenerationEngine):
     """Batched sampling of ``len(prompts) * n`` sequences at once, left padded.
 
     The model is put in eval mode with gradients off; it keeps its device and dtype (the
-    constructors below make it float32 on CPU unless told otherwise).
+    constructors below make it float32 on CPU unless told otherwise). ``tokenizer`` decodes
+    samples for stop strings (``SamplingParams.stop``); a row stops as soon as one is completed.
     """
 
-    def __init__(self, model: PreTrainedModel, eos_token_id: int | Sequence[int] | None = None):
+    def __init__(
+        self, model: PreTrainedModel, eos_token_id: int | Sequence[int] | None = None, tokenizer=None
+    ):
         self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
         if eos_token_id is None:
             eos_token_id = model.generation_config.eos_token_id
         if eos_token_id is None:
@@ -81,6 +87,7 @@ class HFGenerateEngine(GenerationEngine):
         if not prompt_ids:
             return []
         check_generate_inputs(prompt_ids, sample_keys)
+        stops = stop_strings(self.tokenizer, params)
         uniforms = None
         if params.seed is not None and params.temperature > 0.0:
             uniforms = _row_uniforms(params, sample_keys or range(len(prompt_ids))).to(self.device)
@@ -102,6 +109,7 @@ class HFGenerateEngine(GenerationEngine):
         lengths = torch.zeros(num_rows, dtype=torch.long, device=self.device)
         step_tokens: list[torch.Tensor] = []
         step_logprobs: list[torch.Tensor] = []
+        responses: list[list[int]] = [[] for _ in range(num_rows)]  # filled only for stop strings
 
         logits = self._forward(input_ids, attention_mask, position_ids, cache)
         for step in range(params.max_tokens):
@@ -111,6 +119,8 @@ class HFGenerateEngine(GenerationEngine):
             step_logprobs.append(logprobs)
             lengths += (~finished).long()
             just_stopped = ~finished & torch.isin(tokens, stop_ids)
+            if stops is not None:
+                just_stopped |= self._completes_stop_string(tokens, finished, responses, stops)
             stopped |= just_stopped
             finished |= just_stopped
             if bool(finished.all()) or step == params.max_tokens - 1:
@@ -134,6 +144,18 @@ class HFGenerateEngine(GenerationEngine):
             )
         ]
         return [sequences[i : i + params.n] for i in range(0, num_rows, params.n)]
+
+    def _completes_stop_string(
+        self, tokens: torch.Tensor, finished: torch.Tensor, responses: list[list[int]], stops: StopStrings
+    ) -> torch.Tensor:
+        """Appends this step's tokens to the running rows' ``responses``; True where one completes a
+        stop string."""
+        completes = []
+        for response, token, done in zip(responses, tokens.tolist(), finished.tolist(), strict=True):
+            if not done:
+                response.append(token)
+            completes.append(not done and stops.ends_with_stop(response))
+        return torch.tensor(completes, device=self.device)
 
     def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(r) for r in rows)

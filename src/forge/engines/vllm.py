@@ -47,10 +47,12 @@ from forge.engines.generation import (
     ConcurrentGenerationEngine,
     GeneratedSequence,
     SamplingParams,
+    StopStrings,
     VersionedSamples,
     check_generate_inputs,
     check_model_dir,
     sample_seed,
+    stop_strings,
 )
 from forge.engines.hf_layout import HFLayout, mismatch_error
 from forge.engines.vllm_config import VLLMConfig, in_process, llm_kwargs
@@ -65,6 +67,7 @@ class _Batch:
     prompt_ids: list[list[int]]
     params: SamplingParams
     sample_keys: list[int]
+    stops: StopStrings | None
     future: concurrent.futures.Future
     samples: list[list[GeneratedSequence] | None] = field(default_factory=list)
     remaining: int = 0
@@ -84,7 +87,12 @@ _batch_ids = itertools.count()
 
 class VLLMEngine(ConcurrentGenerationEngine):
     """vLLM in this process, stepped by its own thread. ``key`` names the config section in
-    error messages (``generator``)."""
+    error messages (``generator``).
+
+    ``tokenizer`` decodes samples for stop strings (``SamplingParams.stop``): vLLM runs without
+    one, so it samples up to eos or ``max_tokens`` and the samples are cut afterwards (in the
+    engine thread), with the rule every engine shares (``forge.engines.generation.StopStrings``).
+    Stopping vLLM's requests early would mean streaming and aborting each of the n samples."""
 
     def __init__(
         self,
@@ -93,12 +101,14 @@ class VLLMEngine(ConcurrentGenerationEngine):
         dtype: str = "float32",
         eos_token_id: int | Sequence[int] | None = None,
         key: str = "generator",
+        tokenizer=None,
     ):
         from transformers import AutoConfig
 
         in_process()
         self.config = config or VLLMConfig()
         self.key = key
+        self.tokenizer = tokenizer
         self.model_path = model_path
         self.dtype = getattr(torch, dtype)
         check_model_dir(model_path, f"{key}.model_path")
@@ -265,7 +275,8 @@ class VLLMEngine(ConcurrentGenerationEngine):
         if not output.finished:
             return
         batch, index = running.pop(output.request_id)
-        batch.samples[index] = [_sequence(completion) for completion in output.outputs]
+        samples = [_sequence(completion) for completion in output.outputs]
+        batch.samples[index] = samples if batch.stops is None else [batch.stops.truncate(s) for s in samples]
         batch.remaining -= 1
         if batch.remaining == 0:
             batch.future.set_result(VersionedSamples(batch.version, batch.samples))
@@ -300,7 +311,10 @@ class VLLMEngine(ConcurrentGenerationEngine):
         check_generate_inputs(prompt_ids, sample_keys)
         self._check_fits(prompt_ids, params)
         keys = list(sample_keys) if sample_keys is not None else list(range(len(prompt_ids)))
-        return self._submit(_Batch([list(p) for p in prompt_ids], params, keys, concurrent.futures.Future()))
+        stops = stop_strings(self.tokenizer, params)
+        return self._submit(
+            _Batch([list(p) for p in prompt_ids], params, keys, stops, concurrent.futures.Future())
+        )
 
     def generate(
         self,

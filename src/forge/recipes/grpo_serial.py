@@ -24,6 +24,7 @@ import torch
 from transformers import AutoTokenizer
 
 from forge.actors.generator import build_generation_engine
+from forge.data.chat_prompts import PromptRenderer
 from forge.data.episode_buffer import EpisodeBuffer
 from forge.data.prompts import PromptCursor, load_prompt_rows
 from forge.data.reward_scoring import RewardScorer
@@ -55,7 +56,9 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     # The policy is trained by TorchTitan and sampled by a separate engine, as in the app:
     # the two hold the same weights after every step.
     policy = TitanEngine(cfg.trainer.engine, trainable=True)
-    sampler = build_generation_engine(cfg.generator, tokenizer.eos_token_id)
+    sampler = build_generation_engine(cfg.generator, tokenizer.eos_token_id, tokenizer)
+    # Prompts become ids as the Generator actor renders them (chat template, stop strings).
+    renderer = PromptRenderer(tokenizer, cfg.generator.chat_template, "generator.chat_template")
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
     loss_fn = build_loss(cfg.trainer.loss.name, **cfg.trainer.loss.params)
     # In this process, with no time limit: one process, one thing at a time (the app's reward
@@ -69,16 +72,17 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     eval_score = get_reward_fn(cfg.eval.reward_fn)
 
     def generate(rows: list[dict], params: SamplingParams, sample_keys: list[int] | None, version: int):
-        ids = [tokenizer(r["prompt"]).input_ids for r in rows]
+        rendered = [renderer.render(r["prompt"]) for r in rows]
+        ids = [r.ids for r in rendered]
         outputs = sampler.generate(ids, params, sample_keys)
-        return to_completions([r["prompt"] for r in rows], ids, outputs, tokenizer, version)
+        return to_completions([r.text for r in rendered], ids, outputs, tokenizer, version)
 
     def rollout(version: int) -> None:
         rows = [prompts.next() for _ in range(cfg.rollout.prompts_per_step)]
         groups = generate(rows, sampling, [r["index"] for r in rows], version)
         episodes = []
         for row, group in zip(rows, groups, strict=True):
-            scores = [scorer.score(row["prompt"], c.text, row["target"]) for c in group]
+            scores = [scorer.score(c.prompt, c.text, row["target"]) for c in group]
             for total, _ in scores:
                 record_metric("rollout/reward", total, Reduce.MEAN)
             rewards = torch.tensor([total for total, _ in scores], dtype=torch.float32)
@@ -109,7 +113,7 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
         greedy = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.eval.max_tokens)
         groups = generate(eval_rows, greedy, None, version)
         return sum(
-            eval_score(r["prompt"], g[0].text, r["target"]) == 1.0
+            eval_score(g[0].prompt, g[0].text, r["target"]) == 1.0
             for r, g in zip(eval_rows, groups, strict=True)
         ) / max(len(eval_rows), 1)
 

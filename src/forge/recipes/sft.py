@@ -15,6 +15,7 @@ import torch
 from pydantic import Field, model_validator
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from forge.data.chat_prompts import PromptRenderer
 from forge.data.rewards import RewardFn
 from forge.data.sft import SFTData, SFTDataConfig, build_sft_data
 from forge.data.sft_loader import eval_batches
@@ -161,8 +162,10 @@ def greedy_exact_match(
 ) -> float:
     """Fraction of ``rows`` whose greedy completion by the Hugging Face model in ``model_dir``
     gets the full reward (1.0), measured as the GRPO app measures its policy: the prompt is
-    tokenized with the tokenizer's own special tokens, the output decoded without them."""
+    rendered as the Generator renders it (``forge.data.chat_prompts``, chat template ``auto``),
+    the output decoded without special tokens."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    renderer = PromptRenderer(tokenizer, "auto")
     # The tokenizer's eos is authoritative: the exported config.json does not name one.
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     engine = HFGenerateEngine(model, eos_token_id=tokenizer.eos_token_id)
@@ -170,8 +173,9 @@ def greedy_exact_match(
     correct = 0
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        outputs = engine.generate([tokenizer(row["prompt"]).input_ids for row in chunk], params)
-        for row, (sequence,) in zip(chunk, outputs, strict=True):
+        rendered = [renderer.render(row["prompt"]) for row in chunk]
+        outputs = engine.generate([r.ids for r in rendered], params)
+        for row, prompt, (sequence,) in zip(chunk, rendered, outputs, strict=True):
             text = tokenizer.decode(sequence.token_ids, skip_special_tokens=True)
-            correct += reward_fn(row["prompt"], text, row["target"]) == 1.0
+            correct += reward_fn(prompt.text, text, row["target"]) == 1.0
     return correct / len(rows)

@@ -13,35 +13,35 @@ from forge.engines.generation import check_model_dir
 def check_run_inputs(cfg) -> None:
     """Every check of a GRPO config's inputs (`apps.grpo.config.GRPOConfig`), before any process
     starts, on what would otherwise fail deep inside an actor."""
+    from transformers import AutoTokenizer
+
     check_model_dir(cfg.policy_path, "policy_path")
-    check_policy_model(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.generator.model_path)  # the generator's
+    check_policy_model(cfg, len(tokenizer))
     train, evaluation = load_prompt_rows(cfg.dataset)  # raises on a missing column or no prompts
     seq_len, max_tokens = cfg.trainer.engine.training.seq_len, cfg.generator.sampling.max_tokens
-    check_prompt_lengths(train, cfg.generator.model_path, seq_len, max_tokens, cfg.dataset.chat_template)
+    check_prompt_lengths(train, tokenizer, seq_len, max_tokens, cfg.dataset.chat_template)
     check_eval_set(evaluation, cfg.eval.every)
 
 
-def check_policy_model(cfg) -> None:
-    """The trainer's model section against its checkpoint and the generator's tokenizer, and the
-    generator's model against the trainer's: one policy, described alike by both."""
-    from transformers import AutoTokenizer
-
-    from forge.engines.titan.checkpoint_model import check_model_section, read_checkpoint_model
+def check_policy_model(cfg, tokenizer_size: int) -> None:
+    """The trainer's model section against its checkpoint and the generator's tokenizer (of
+    ``tokenizer_size`` tokens), and the generator's model against the trainer's: one policy,
+    described alike by both."""
+    from forge.engines.titan.checkpoint_model import (
+        check_model_section,
+        read_checkpoint_model,
+        settings_differences,
+    )
 
     model = cfg.trainer.engine.model
-    tokenizer_size = len(AutoTokenizer.from_pretrained(cfg.generator.model_path))
-    check_model_section(model, "trainer.engine.model", tokenizer_size, cfg.generator.model_path)
-    if model.hf_path is None or not cfg.trainer.enabled:
-        return
-    trainer_model, generator_model = (
-        read_checkpoint_model(model.hf_path),
-        read_checkpoint_model(cfg.generator.model_path),
+    trainer_model = check_model_section(
+        model, "trainer.engine.model", tokenizer_size, cfg.generator.model_path
     )
-    differ = [
-        f"{setting} {value!r} vs {generator_model.settings[setting]!r}"
-        for setting, value in trainer_model.settings.items()
-        if generator_model.settings[setting] != value
-    ]
+    if trainer_model is None or not cfg.trainer.enabled:
+        return
+    generator_model = read_checkpoint_model(cfg.generator.model_path)
+    differ = settings_differences(trainer_model.settings, generator_model.settings)
     if differ:
         raise ValueError(
             f"trainer.engine.model.hf_path ({model.hf_path}) and generator.model_path "
@@ -51,18 +51,16 @@ def check_policy_model(cfg) -> None:
 
 
 def check_prompt_lengths(
-    rows: list[Row], tokenizer_path: str, seq_len: int, max_tokens: int, chat_template: str = "auto"
+    rows: list[Row], tokenizer, seq_len: int, max_tokens: int, chat_template: str = "auto"
 ) -> None:
     """Refuses prompts that leave no room for a full response within the trainer's `seq_len`
     (the trainer reads prompt + response minus the last token), measured in the ids the
     generator samples from: rendered with `chat_template` (`dataset.chat_template`), which also
     refuses chat messages that no template can render."""
-    from transformers import AutoTokenizer
-
     from forge.data.chat_prompts import PromptRenderer
 
     limit = seq_len - max_tokens + 1
-    renderer = PromptRenderer(AutoTokenizer.from_pretrained(tokenizer_path), chat_template)
+    renderer = PromptRenderer(tokenizer, chat_template)
     rendered = [renderer.render(r["prompt"]) for r in rows]
     too_long = [(len(p.ids), p.text) for p in rendered if len(p.ids) > limit]
     if too_long:

@@ -160,17 +160,18 @@ def check_config_agrees(model_cfg, checkpoint: CheckpointModel, key: str) -> Non
                 f"remove {key}.flavor, the checkpoint decides the model"
             )
         flavor = model_settings(resolve_model_args(name, model_cfg.flavor, checkpoint.model_args.vocab_size))
-        differ = [
-            f"{setting} {flavor[setting]!r} vs {value!r}"
-            for setting, value in checkpoint.settings.items()
-            if flavor[setting] != value
-        ]
+        differ = settings_differences(flavor, checkpoint.settings)
         if differ:
             raise CheckpointModelError(
                 f"{key}.flavor {model_cfg.flavor!r} ({name}) disagrees with {where}: "
                 f"{'; '.join(differ)} (flavor vs checkpoint). The checkpoint decides the model: "
                 f"remove {key}.flavor, or point {key}.hf_path at the checkpoint you meant"
             )
+
+
+def settings_differences(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
+    """``"<setting> <first> vs <second>"`` for every setting (of ``model_settings``) that differs."""
+    return [f"{name} {value!r} vs {second[name]!r}" for name, value in first.items() if second[name] != value]
 
 
 def check_tokenizer_fits(tokenizer_size: int, checkpoint: CheckpointModel, tokenizer_path: str) -> None:
@@ -253,10 +254,12 @@ def _intermediate_size(args) -> int:
     return ffn.w1.out_features
 
 
-def check_model_section(model_cfg, key: str, tokenizer_size: int | None, tokenizer_path: str) -> None:
+def check_model_section(
+    model_cfg, key: str, tokenizer_size: int | None, tokenizer_path: str
+) -> CheckpointModel | None:
     """Every start-up check of an engine's ``model`` section (at config path ``key``): a
     checkpoint the trainer can represent, agreeing with the config, with room for every token
-    of the tokenizer; without a checkpoint, a known flavor."""
+    of the tokenizer; without a checkpoint, a known flavor. Returns the checkpoint's model."""
     from forge.engines.titan.flavors import resolve_model_args
 
     if model_cfg.hf_path is None:
@@ -264,7 +267,7 @@ def check_model_section(model_cfg, key: str, tokenizer_size: int | None, tokeniz
             resolve_model_args(model_cfg.name, model_cfg.flavor, model_cfg.vocab_size)
         except ValueError as error:
             raise CheckpointModelError(f"{key}: {error}") from None
-        return
+        return None
     path = Path(model_cfg.hf_path)
     if not path.is_dir():
         raise FileNotFoundError(f"{key}.hf_path: checkpoint directory {path} does not exist")
@@ -272,3 +275,4 @@ def check_model_section(model_cfg, key: str, tokenizer_size: int | None, tokeniz
     check_config_agrees(model_cfg, checkpoint, key)
     if tokenizer_size is not None:
         check_tokenizer_fits(tokenizer_size, checkpoint, tokenizer_path)
+    return checkpoint

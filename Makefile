@@ -2,13 +2,17 @@
 PY := .venv/bin/python
 CONFIG ?= configs/grpo/tiny_cpu.yaml
 
-.PHONY: install grpo sft test test-fast lint format bench clean
+.PHONY: install grpo grpo-tool sft test test-fast lint format bench clean
 
 install:
 	@bash scripts/install.sh
 
 grpo: install
 	$(PY) -m apps.grpo.main --config $(CONFIG) $(ARGS)
+
+# The agent demo: the tiny model learns to call a calculator (configs/grpo/tool_cpu.yaml).
+grpo-tool: install
+	$(PY) -m apps.grpo.main --config configs/grpo/tool_cpu.yaml $(ARGS)
 
 sft: install
 	$(PY) -m apps.sft.main --config configs/sft/tiny_cpu.yaml $(ARGS)

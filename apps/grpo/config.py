@@ -15,6 +15,7 @@ from forge.data.episode_buffer import ReplayBufferConfig
 from forge.data.prompts import PromptDataConfig
 from forge.data.rewards import RewardFnName
 from forge.engines.titan.config import TitanEngineConfig
+from forge.envs.config import EnvConfig
 from forge.observability import MetricsConfig
 from forge.runs.checkpoint import CheckpointConfig
 
@@ -74,6 +75,8 @@ class GRPOConfig(ForgeConfigModel):
     policy_path: str
     warm_start: WarmStartConfig = WarmStartConfig()
     dataset: PromptDataConfig = PromptDataConfig()
+    # Multi-turn episodes with an environment (forge.envs); None: one turn per prompt.
+    env: EnvConfig | None = None
     generator: GeneratorConfig
     trainer: TrainerSection
     reference: ReferenceSection = ReferenceSection()
@@ -134,6 +137,11 @@ class GRPOConfig(ForgeConfigModel):
                 f"trainer's data-parallel size ({self.dp_size}, from trainer.procs and "
                 "trainer.engine.parallelism): each data-parallel rank trains on an equal share"
             )
+        if self.env is not None and (self.env.max_tokens or 0) > self.trainer.engine.training.seq_len:
+            raise ValueError(
+                f"env.max_tokens ({self.env.max_tokens}) exceeds trainer.engine.training.seq_len "
+                f"({self.trainer.engine.training.seq_len}): the trainer could not read whole trajectories"
+            )
         self._default_horizon()
         return self
 
@@ -143,7 +151,9 @@ class GRPOConfig(ForgeConfigModel):
 
         loss = build_loss(self.trainer.loss.name, **self.trainer.loss.params)
         if getattr(loss.config, "agg_type", None) == "fixed_horizon" and loss.config.horizon is None:
-            self.trainer.loss.params["horizon"] = self.generator.sampling.max_tokens
+            self.trainer.loss.params["horizon"] = (
+                self.generator.sampling.max_tokens if self.env is None else self.trajectory_limits.max_tokens
+            )
 
     @property
     def dp_size(self) -> int:
@@ -152,6 +162,15 @@ class GRPOConfig(ForgeConfigModel):
             return self.trainer.engine.parallelism.dp_degree(self.trainer.procs * self.trainer.hosts)
         except ValueError as error:
             raise ValueError(f"trainer.engine.{error} (trainer.procs)") from None
+
+    @property
+    def trajectory_limits(self):
+        """Turns and tokens per trajectory (forge.envs.rollout): one turn without an environment."""
+        from forge.envs.rollout import TrajectoryLimits
+
+        if self.env is None:
+            return TrajectoryLimits()
+        return self.env.limits(self.trainer.engine.training.seq_len)
 
     @property
     def use_reference(self) -> bool:

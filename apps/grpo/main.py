@@ -32,6 +32,7 @@ from apps.grpo.config import GRPOConfig
 from forge import store
 from forge.actors.advantages import ComputeAdvantages
 from forge.actors.dataset import DatasetActor
+from forge.actors.environment import EnvironmentActor
 from forge.actors.generator import Generator
 from forge.actors.reference import ReferenceModel
 from forge.actors.replay_buffer import ReplayBuffer
@@ -39,12 +40,14 @@ from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
 from forge.config import config_to_dict, parse_args, save_config
 from forge.controller import get_provisioner, init_provisioner, shutdown, supervision
+from forge.data.chat_prompts import PromptRenderer
 from forge.data.rewards import get_reward_fn
+from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.observability.progress import Progress as ProgressDisplay
 from forge.observability.rollouts import RolloutRecorder, batches_path
 from forge.recipes.grpo_replay import replay_training
-from forge.rollout import RolloutCounts, greedy_accuracy, rollout_step, wait_for_room
+from forge.rollout import RolloutCounts, Rollouts, greedy_accuracy, rollout_step, wait_for_room
 from forge.runs import RunStopped
 from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpointer
 from forge.runs.checks import check_run_inputs
@@ -114,6 +117,16 @@ def _pad_id(cfg: GRPOConfig) -> int:
     return AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
 
 
+def _turn_renderer(cfg: GRPOConfig) -> TurnRenderer:
+    """The chat template of the generator's tokenizer, for opening prompts and environment turns."""
+    from transformers import AutoTokenizer
+
+    prompts = PromptRenderer(
+        AutoTokenizer.from_pretrained(cfg.generator.model_path), cfg.dataset.chat_template
+    )
+    return TurnRenderer(prompts, cfg.generator.sampling.stop_token_ids)
+
+
 async def _replay(cfg: GRPOConfig) -> dict:
     """Train-only debugging: the recorded run's batches, with no generator, reward or reference."""
     steps = await replay_training(
@@ -140,11 +153,15 @@ async def _train(cfg: GRPOConfig) -> dict:
     gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
     generators = Generator.options(with_gpus=gpus, num_replicas=cfg.generator.replicas)
     generator_cfg = cfg.generator.model_copy(update={"weight_transport": transport})
-    dataset, generator, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
+    env_actors = EnvironmentActor.options(num_replicas=cfg.env.replicas) if cfg.env else None
+    dataset, generator, envs, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
         generators.as_service(generator_cfg)
         if cfg.generator.replicas > 1
         else generators.as_actor(generator_cfg),
+        (env_actors.as_service if cfg.env.replicas > 1 else env_actors.as_actor)(cfg.env.name, cfg.env.params)
+        if cfg.env
+        else asyncio.sleep(0),
         TitanTrainer.options(
             procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group="trainer"
         ).as_actor(
@@ -171,6 +188,14 @@ async def _train(cfg: GRPOConfig) -> dict:
     )
     if cfg.provisioner.hosts:
         print((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))
+    rollouts = Rollouts(
+        generator,
+        _turn_renderer(cfg),
+        cfg.generator.sampling.max_tokens,
+        envs,
+        cfg.trajectory_limits,
+        drop_truncated=cfg.env is not None and cfg.env.on_truncation == "drop",
+    )
     eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
     score_fn = get_reward_fn(cfg.eval.reward_fn)
     stop = asyncio.Event()
@@ -192,7 +217,7 @@ async def _train(cfg: GRPOConfig) -> dict:
                 async with pause.rollout():  # a checkpoint holds new rollouts (see RolloutPause)
                     added = await rollout_step(
                         dataset=dataset,
-                        generator=generator,
+                        rollouts=rollouts,
                         reward=reward,
                         advantages=advantages,
                         reference=reference,
@@ -219,7 +244,7 @@ async def _train(cfg: GRPOConfig) -> dict:
     )
 
     async def evaluate(version: int) -> float:
-        return await greedy_accuracy(generator, eval_rows, score_fn, cfg.eval.max_tokens, version, recorder)
+        return await greedy_accuracy(rollouts, eval_rows, score_fn, cfg.eval.max_tokens, version, recorder)
 
     async def continuous_training(progress: Progress) -> dict:
         """Waits only for a batch; publishing the new weights overlaps the next step."""
@@ -283,16 +308,16 @@ async def _train(cfg: GRPOConfig) -> dict:
         print(
             f"resume: continuing after step {progress.step}" if progress.step else "resume: no checkpoint yet"
         )
-    rollouts = [asyncio.create_task(continuous_rollouts()) for _ in range(cfg.rollout.threads)]
+    rollout_loops = [asyncio.create_task(continuous_rollouts()) for _ in range(cfg.rollout.threads)]
     training = asyncio.create_task(continuous_training(progress))
     try:
-        history = await wait_for_loops(training, rollouts)
+        history = await wait_for_loops(training, rollout_loops)
     finally:
         # Also on Ctrl-C (asyncio cancels this coroutine): stop both loops before the actors.
         stop.set()
-        for task in (training, *rollouts):
+        for task in (training, *rollout_loops):
             task.cancel()
-        await asyncio.gather(training, *rollouts, return_exceptions=True)
+        await asyncio.gather(training, *rollout_loops, return_exceptions=True)
         await metric_logger.close()
         await store.shutdown()
         if recorder is not None:

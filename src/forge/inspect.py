@@ -1,11 +1,13 @@
 """Read a run's recorded completions as a table.
 
-    python -m forge.inspect RUN_DIR [--step N] [--worst K] [--best K] [--eval] [--limit L]
+    python -m forge.inspect RUN_DIR [--step N] [--worst K] [--best K] [--eval] [--limit L] [--turns]
 
 Without --worst/--best it shows the records of one step (the latest, or --step N), up to
 --limit rows. --worst K / --best K pick the K lowest / highest rewards (of that step with
 --step, of the whole run without). --eval shows the greedy eval answers instead of the
-training episodes.
+training episodes. --turns shows each multi-turn trajectory turn by turn: who wrote each part,
+its tokens, whether they were trained (the model's) or only read (the environment's), and the
+reward the environment gave for each model turn.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from forge.observability.rollouts import read_records
 from forge.observability.run_dir import run_file
 
-COLUMNS = (("step", 5), ("ver", 4), ("reward", 7), ("adv", 7), ("len", 4), ("stop", 6))
+COLUMNS = (("step", 5), ("ver", 4), ("reward", 7), ("adv", 7), ("len", 4), ("turns", 5), ("stop", 6))
 
 
 def _clip(text: str, width: int) -> str:
@@ -61,12 +63,53 @@ def format_table(records: list[dict], prompt_width: int = 30, completion_width: 
             _number(r["reward"]).rjust(7),
             _number(r.get("advantage")).rjust(7),
             str(r["response_len"]).rjust(4),
+            _turns_cell(r).rjust(5),
             str(r["stop_reason"]).rjust(6),
             _clip(r["prompt"], prompt_width).ljust(prompt_width),
             _clip(str(r.get("target", "")), 10).ljust(10),
             _clip(r["completion"], completion_width),
         ]
         lines.append(" ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _turns_cell(record: dict) -> str:
+    """Model turns, with a ``+`` when a limit cut the trajectory ("1" for a one-turn record)."""
+    turns = record.get("turns")
+    if turns is None:
+        return "1"
+    model_turns = sum(t["role"] == "assistant" for t in turns)
+    return f"{model_turns}{'+' if record.get('truncated') else ''}"
+
+
+def format_turns(record: dict, width: int = 70) -> str:
+    """One record, turn by turn (a one-turn record is one assistant turn)."""
+    head = (
+        f"step {record['step']} | version {record['policy_version']} | reward {_number(record['reward'])}"
+        f" | advantage {_number(record.get('advantage'))} | target {record.get('target', '')!r}"
+    )
+    if record.get("truncated"):
+        head += " | truncated"
+    breakdown = record.get("reward_breakdown")
+    if breakdown:
+        head += " | " + ", ".join(f"{name} {value:.3f}" for name, value in breakdown.items())
+    turns = record.get("turns") or [
+        {
+            "role": "assistant",
+            "text": record["completion"],
+            "num_tokens": record["response_len"],
+            "reward": 0.0,
+        }
+    ]
+    lines = [head, f"  {'prompt':>9} | {_clip(record['prompt'], width)}"]
+    for turn in turns:
+        # What the trainer does with the turn's tokens (an eval answer is sampled, never trained).
+        sampled = "sampled" if record["eval"] else "trained"
+        trained = sampled if turn["role"] == "assistant" else "read only"
+        note = f"{turn['num_tokens']} tokens, {trained}"
+        if turn["role"] == "assistant" and turn["reward"]:
+            note += f", env reward {turn['reward']:.3f}"
+        lines.append(f"  {turn['role']:>9} | {_clip(turn['text'], width).ljust(width)}  ({note})")
     return "\n".join(lines)
 
 
@@ -81,6 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--limit", type=int, default=20, help="rows shown without --worst/--best")
     parser.add_argument("--width", type=int, default=40, help="characters of each completion shown")
+    parser.add_argument(
+        "--turns", action="store_true", help="each record turn by turn (who wrote what, what was trained)"
+    )
     args = parser.parse_args(argv)
     try:
         path = run_file(args.run_dir, "rollouts_path")
@@ -92,9 +138,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(1, f"{path} records no {kind}\n")
     steps = sorted({r["step"] for r in records})
     shown = select(records, step=args.step, worst=args.worst, best=args.best, limit=args.limit)
+    body = (
+        "\n\n".join(format_turns(r, max(args.width, 20)) for r in shown)
+        if args.turns
+        else format_table(shown, completion_width=args.width)
+    )
     sys.stdout.write(
-        f"{path}: {len(records)} {kind}, steps {steps[0]}..{steps[-1]}; showing {len(shown)}\n"
-        f"{format_table(shown, completion_width=args.width)}\n"
+        f"{path}: {len(records)} {kind}, steps {steps[0]}..{steps[-1]}; showing {len(shown)}\n{body}\n"
     )
 
 

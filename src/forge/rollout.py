@@ -7,23 +7,74 @@ call goes to an actor handle (`call_one`) or a service endpoint (`route`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError
+from forge.actors.environment import ActorEnvironments
+from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError, routed, session_of
 from forge.data.types import Completion, Episode
+from forge.envs.rollout import TrajectoryLimits, run_groups
+from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
 from forge.observability.rollouts import RolloutRecorder
 from forge.rl.advantage import has_signal
 
 
-def _call(endpoint):
-    """`route` for a service endpoint, `call_one` for a single actor's."""
-    return endpoint.route if hasattr(endpoint, "route") else endpoint.call_one
+@dataclass
+class Rollouts:
+    """How dataset rows become groups of trajectories (``forge.envs.rollout``): the generator
+    (actor or service), the chat template, and the environment actor (or service; None: one
+    turn per prompt). ``max_tokens`` bounds each model turn (``generator.sampling.max_tokens``)."""
+
+    generator: Any
+    renderer: TurnRenderer
+    max_tokens: int
+    envs: Any | None = None
+    limits: TrajectoryLimits = TrajectoryLimits()
+    drop_truncated: bool = False
+
+    async def groups(
+        self,
+        rows: list[dict],
+        sample_keys: list[int] | None,
+        min_version: int,
+        group_size: int,
+        max_tokens: int | None = None,
+        **sampling: Any,
+    ) -> list[list[Completion] | None]:
+        generate = functools.partial(routed(self.generator.generate_ids), min_version=min_version)
+        # A rollout's trajectories stay on one environment replica: it holds their state.
+        async with session_of(self.envs):
+            return await run_groups(
+                rows,
+                sample_keys,
+                group_size=group_size,
+                generate=generate,
+                renderer=self.renderer,
+                max_tokens=max_tokens or self.max_tokens,
+                envs=ActorEnvironments(self.envs) if self.envs is not None else None,
+                limits=self.limits,
+                **sampling,
+            )
+
+
+def score_inputs(group: list[Completion]) -> tuple[list[str], list[str]]:
+    """What reward functions score for each completion: (context, the model's last turn)."""
+    pairs = [c.final_answer for c in group]
+    return [context for context, _ in pairs], [answer for _, answer in pairs]
+
+
+def with_env_reward(completion: Completion, total: float, breakdown: dict[str, float]):
+    """A trajectory's reward: the reward functions' total plus its environment's step rewards."""
+    if completion.turns is None:
+        return total, breakdown
+    return total + completion.env_reward, {**breakdown, "env": completion.env_reward}
 
 
 async def score_groups(
@@ -31,11 +82,20 @@ async def score_groups(
 ) -> list[list[Episode]]:
     """Rewards, then group-relative advantages, for the completions of each prompt (two calls)."""
     # Reward functions take the prompt as a string: `Completion.prompt`, a string prompt as
-    # written, chat messages as the chat template rendered them (the whole conversation).
-    scores = await _call(reward.evaluate_groups)(
-        [g[0].prompt for g in groups], [[c.text for c in g] for g in groups], [r["target"] for r in rows]
+    # written, chat messages as the chat template rendered them; after several turns, the
+    # conversation before the model's last turn, which is the response they score.
+    inputs = [score_inputs(g) for g in groups]
+    scores = await routed(reward.evaluate_groups)(
+        [contexts for contexts, _ in inputs], [answers for _, answers in inputs], [r["target"] for r in rows]
     )
-    values = await _call(advantages.compute_groups)([[total for total, _ in group] for group in scores])
+    scores = [
+        [
+            with_env_reward(c, total, breakdown)
+            for c, (total, breakdown) in zip(group, group_scores, strict=True)
+        ]
+        for group, group_scores in zip(groups, scores, strict=True)
+    ]
+    values = await routed(advantages.compute_groups)([[total for total, _ in group] for group in scores])
     scored = []
     for row, group, group_scores, group_values in zip(rows, groups, scores, values, strict=True):
         group_id = uuid.uuid4().hex
@@ -50,7 +110,7 @@ async def score_groups(
 
 async def add_reference_logprobs(episodes: list[Episode], reference) -> None:
     """Fills `ref_logprobs` of each episode from the reference model (one batched call)."""
-    rows = await _call(reference.forward)([e.completion for e in episodes])
+    rows = await routed(reference.forward)([e.completion for e in episodes])
     for episode, row in zip(episodes, rows, strict=True):
         episode.ref_logprobs = row
 
@@ -61,7 +121,7 @@ class RolloutCounts:
 
     groups: int = 0
     groups_skipped: int = 0  # no signal: every reward of the group was equal
-    groups_failed: int = 0  # lost with a generator replica that died
+    groups_failed: int = 0  # lost with a generator or environment replica that died, or an env error
     waits_for_room: int = 0  # times a loop waited on a full buffer
 
 
@@ -76,7 +136,7 @@ async def wait_for_room(
     the episodes that step can no longer use before it counts."""
     started = time.perf_counter()
     waited = False
-    while not await _call(replay_buffer.has_room)(trainer_version() if trainer_version else None):
+    while not await routed(replay_buffer.has_room)(trainer_version() if trainer_version else None):
         waited = True
         await asyncio.sleep(poll_s)
     if waited:
@@ -88,7 +148,7 @@ async def wait_for_room(
 async def rollout_step(
     *,
     dataset,
-    generator,
+    rollouts: Rollouts,
     reward,
     advantages,
     reference,
@@ -100,26 +160,30 @@ async def rollout_step(
     counts: RolloutCounts | None = None,
     recorder: RolloutRecorder | None = None,
 ) -> list[int]:
-    """Samples prompts, generates a group per prompt with a policy of at least `min_version`,
-    scores it and adds it to the buffer.
+    """Samples prompts, rolls out a group of trajectories per prompt with a policy of at least
+    `min_version`, scores them and adds them to the buffer.
 
     Returns the policy versions of the episodes added. A group whose rewards are all equal has zero
     advantage everywhere: with `skip_groups_without_signal` it is not added (DAPO's dynamic
     sampling), and counted in `rollout/groups_skipped`. The caller waits for room in the buffer
     first (`wait_for_room`).
-    Groups lost with a generator replica that died (after the service's retry) are counted
-    in `rollout/groups_failed`. The `recorder` gets the groups that entered the buffer.
+    Groups lost with a generator or environment replica that died (after the service's retry), or
+    whose environment failed, are counted in `rollout/groups_failed`. With `drop_truncated`,
+    truncated trajectories leave after their group's advantages are computed (counted in
+    `rollout/truncated_dropped`). The `recorder` gets the groups that entered the buffer.
     """
     counts = counts if counts is not None else RolloutCounts()
-    rows = await _call(dataset.sample_batch)(prompts_per_step)
+    rows = await routed(dataset.sample_batch)(prompts_per_step)
     try:
-        groups = await _call(generator.generate_batch)(
-            [r["prompt"] for r in rows], [r["index"] for r in rows], min_version, n=group_size
-        )
+        groups = await rollouts.groups(rows, [r["index"] for r in rows], min_version, group_size)
     except (ReplicaFailedError, NoHealthyReplicaError):  # the service is replacing the replica
-        counts.groups_failed += len(rows)
-        record_metric("rollout/groups_failed", len(rows), Reduce.SUM)
+        groups = [None] * len(rows)
         await asyncio.sleep(0.5)
+    failed = sum(g is None for g in groups)
+    counts.groups_failed += failed
+    record_metric("rollout/groups_failed", failed, Reduce.SUM)
+    rows, groups = [r for r, g in zip(rows, groups, strict=True) if g], [g for g in groups if g]
+    if not groups:
         return []
     scored = await score_groups(rows, groups, reward, advantages)
     kept = [
@@ -129,38 +193,40 @@ async def rollout_step(
     record_metric("rollout/groups", len(scored), Reduce.SUM)
     counts.groups += len(scored)
     counts.groups_skipped += len(scored) - len(kept)
-    episodes = [e for g in kept for e in g]
     for e in (e for g in scored for e in g):
         record_metric("rollout/response_len", e.response_len, Reduce.MEAN)
         record_metric("rollout/reward", e.reward, Reduce.MEAN)
+    if rollouts.drop_truncated:
+        dropped = sum(e.completion.truncated for g in kept for e in g)
+        record_metric("rollout/truncated_dropped", dropped, Reduce.SUM)
+        kept = [[e for e in g if not e.completion.truncated] for g in kept]
+    episodes = [e for g in kept for e in g]
     if not episodes:
         return []
     if reference is not None:
         await add_reference_logprobs(episodes, reference)
-    await _call(replay_buffer.add_many)(episodes)
+    await routed(replay_buffer.add_many)(episodes)
     if recorder is not None:
-        recorder.record_groups(kept)
+        recorder.record_groups([g for g in kept if g])
     return [e.policy_version for e in episodes]
 
 
 async def greedy_accuracy(
-    generator,
+    rollouts: Rollouts,
     rows: list[dict],
     score_fn,
     max_tokens: int,
     min_version: int = 0,
     recorder: RolloutRecorder | None = None,
 ) -> float:
-    """Fraction of `rows` whose greedy completion, by a policy of at least `min_version`,
-    scores 1.0 under `score_fn`; the `recorder` gets every answer, as eval records."""
+    """Fraction of `rows` whose greedy trajectory, by a policy of at least `min_version`, scores
+    1.0 under `score_fn` (on the model's last turn); the `recorder` gets every answer, as eval
+    records. A row whose environment failed counts as not solved."""
     if not rows:
         return float("nan")
-    groups = await _call(generator.generate_batch)(
-        [r["prompt"] for r in rows], None, min_version, n=1, temperature=0.0, max_tokens=max_tokens
-    )
-    completions = [g[0] for g in groups]
-    targets = [r["target"] for r in rows]
-    scores = [score_fn(c.prompt, c.text, t) for c, t in zip(completions, targets, strict=True)]
+    groups = await rollouts.groups(rows, None, min_version, 1, max_tokens=max_tokens, temperature=0.0)
+    answered = [(g[0], r["target"]) for g, r in zip(groups, rows, strict=True) if g is not None]
+    scores = [score_fn(*c.final_answer, target) for c, target in answered]
     if recorder is not None:
-        recorder.record_eval(completions, targets, scores)
+        recorder.record_eval([c for c, _ in answered], [t for _, t in answered], scores)
     return sum(s == 1.0 for s in scores) / len(rows)

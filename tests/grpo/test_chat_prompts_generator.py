@@ -9,8 +9,10 @@ import pytest
 from forge import store
 from forge.actors.generator import Generator, GeneratorConfig
 from forge.controller import shutdown
+from forge.data.chat_prompts import PromptRenderer
 from forge.data.tokenizer import embedded_tokenizer
-from forge.rollout import greedy_accuracy
+from forge.envs.turns import TurnRenderer
+from forge.rollout import Rollouts, greedy_accuracy
 
 # Role markers and the assistant's turn opened, in characters of the embedded alphabet.
 ROLE_TEMPLATE = (
@@ -45,7 +47,8 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
         generator = await Generator.as_actor(config)
         try:
             groups = await generator.generate_batch.call_one([MESSAGES, "7+8="], n=2)
-            await greedy_accuracy(generator, [{"prompt": MESSAGES, "target": "46"}], score, max_tokens=2)
+            rollouts = Rollouts(generator, TurnRenderer(PromptRenderer(tokenizer, "auto")), max_tokens=12)
+            await greedy_accuracy(rollouts, [{"prompt": MESSAGES, "target": "46"}], score, max_tokens=2)
             # One sample key for both calls: the same draws.
             [free] = await generator.generate_batch.call_one([MESSAGES], [0], n=4)
             # A stop string from a sample: the text of its third and fourth tokens.

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from apps.grpo.main import main
+from transformers import AutoTokenizer
 
 from forge import inspect as forge_inspect
 from forge import store
@@ -18,8 +19,10 @@ from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor, RewardConfig
 from forge.controller import shutdown
+from forge.data.chat_prompts import PromptRenderer
 from forge.data.episode_buffer import ReplayBufferConfig
 from forge.data.prompts import PromptDataConfig
+from forge.envs.turns import TurnRenderer
 from forge.observability import MetricsConfig, get_metric_logger
 from forge.observability.rollouts import (
     RECORD_FIELDS,
@@ -30,7 +33,7 @@ from forge.observability.rollouts import (
     read_records,
 )
 from forge.plot import plot_run
-from forge.rollout import rollout_step
+from forge.rollout import Rollouts, rollout_step
 
 LOSS_KEYS = ("train/loss", "loss/pg", "loss/kl", "loss/ratio_mean", "loss/mismatch_kl", "train/grad_norm")
 
@@ -154,12 +157,13 @@ def test_records_match_the_buffer_episode_for_episode(tiny_policy, tmp_path):
         )
         try:
             recorder = RolloutRecorder(tmp_path / "rollouts.jsonl")
+            renderer = TurnRenderer(PromptRenderer(AutoTokenizer.from_pretrained(tiny_policy)))
             added: list[int] = []  # policy versions of the episodes added
             for step in range(3):
                 recorder.step = step
                 added += await rollout_step(
                     dataset=dataset,
-                    generator=generator,
+                    rollouts=Rollouts(generator, renderer, max_tokens=4),
                     reward=reward,
                     advantages=advantages,
                     reference=None,

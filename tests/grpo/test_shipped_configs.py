@@ -24,6 +24,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RUN_ELSEWHERE = {
     "sft/tiny_cpu.yaml": "tests/apps/test_sft_app.py",
     "sft/gpu_demo.yaml": "tests/apps/test_sft_app.py",
+    "sft/tool_cpu.yaml": "tests/grpo/test_agent_run.py",
 }
 
 # The tiny model of the configs that name a flavor (the embedded demos).
@@ -49,6 +50,8 @@ SMALL = [
 # What a config needs beyond SMALL (e.g. the data file it expects a user to provide).
 EXTRA = {
     "grpo/tiny_cpu.yaml": ["dataset.toy_task.num_train=64", "dataset.toy_task.num_eval=8"],
+    # The environment's turns run too; tests/grpo/test_agent_run.py runs it from its SFT warm start.
+    "grpo/tool_cpu.yaml": ["dataset.toy_task.num_train=64", "dataset.toy_task.num_eval=8"],
     # Colocated on one GPU as shipped; on a CPU machine colocation places nothing.
     "grpo/gpu_demo.yaml": ["dataset.toy_task.num_train=64", "dataset.toy_task.num_eval=8"],
     "grpo/qwen3_1_7b.yaml": [

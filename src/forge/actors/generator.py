@@ -39,7 +39,7 @@ from pydantic import Field, model_validator
 
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
-from forge.data.chat_prompts import ChatTemplateSetting, Prompt, PromptRenderer
+from forge.data.chat_prompts import ChatTemplateSetting, Prompt, PromptRenderer, RenderedPrompt
 from forge.data.types import Completion
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams, sample_seed, to_completions
 from forge.engines.vllm_config import VLLMConfig
@@ -143,7 +143,7 @@ class Generator(ForgeActor):
     async def generate(self, prompt: Prompt, min_version: int = 0, **sampling: Any) -> list[Completion]:
         """`n` completions of `prompt` (sampling defaults from config, overridden by kwargs)."""
         await self._pick_up_newest(min_version)
-        return (await self._generate([prompt], None, sampling))[0]
+        return (await self._generate([self.renderer.render(prompt)], None, sampling))[0]
 
     @concurrent_endpoint
     async def generate_batch(
@@ -157,7 +157,22 @@ class Generator(ForgeActor):
         per prompt) choose the seeded random streams (see the module docstring); the policy
         is the newest published one, and at least `min_version`."""
         await self._pick_up_newest(min_version)
-        return await self._generate(prompts, sample_keys, sampling)
+        rendered = [self.renderer.render(p) for p in prompts]
+        return await self._generate(rendered, sample_keys, sampling)
+
+    @concurrent_endpoint
+    async def generate_ids(
+        self,
+        prompt_ids: list[list[int]],
+        sample_keys: list[int] | None = None,
+        min_version: int = 0,
+        **sampling: Any,
+    ) -> list[list[Completion]]:
+        """Like `generate_batch`, continuing from token ids as they are (a multi-turn trajectory
+        so far, `forge.envs.rollout`): nothing is rendered or re-tokenized."""
+        await self._pick_up_newest(min_version)
+        rendered = [RenderedPrompt(list(ids), self.tokenizer.decode(ids)) for ids in prompt_ids]
+        return await self._generate(rendered, sample_keys, sampling)
 
     def _receive_buffers(self) -> dict:
         if self._weights is None:
@@ -189,14 +204,13 @@ class Generator(ForgeActor):
         )
 
     async def _generate(
-        self, prompts: list[Prompt], sample_keys: list[int] | None, overrides: dict[str, Any]
+        self, rendered: list[RenderedPrompt], sample_keys: list[int] | None, overrides: dict[str, Any]
     ) -> list[list[Completion]]:
         # Overrides are validated like config: an unknown or bad sampling key fails here.
         params = SamplingParams.model_validate({**self.cfg.sampling.model_dump(), **overrides})
         if sample_keys is None:
-            sample_keys = [sample_seed(self._unkeyed_calls, i) for i in range(len(prompts))]
+            sample_keys = [sample_seed(self._unkeyed_calls, i) for i in range(len(rendered))]
             self._unkeyed_calls += 1
-        rendered = [self.renderer.render(p) for p in prompts]
         prompt_ids = [r.ids for r in rendered]
         started = time.perf_counter()
         if isinstance(self.engine, ConcurrentGenerationEngine):

@@ -27,10 +27,10 @@ class ReferenceModel(ForgeActor):
         """Per completion, the logprob of each response token given the tokens before it."""
         from forge.rl.ops import compute_logprobs
 
-        tokens, target_ids, loss_mask = pad_sequences(
+        tokens, target_ids, span = pad_sequences(
             [c.prompt_ids for c in completions], [c.response_ids for c in completions], pad_id=0
         )
         with torch.no_grad():
             logits = self.engine.forward(tokens)
             logprobs = compute_logprobs(logits, target_ids.to(logits.device), self.temperature).cpu()
-        return response_rows(logprobs, loss_mask)
+        return response_rows(logprobs, span)

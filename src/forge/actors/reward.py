@@ -42,10 +42,15 @@ class RewardActor(ForgeActor):
 
     @endpoint
     async def evaluate_groups(
-        self, prompts: list[str], responses: list[list[str]], targets: list[str]
+        self, prompts: list[list[str]], responses: list[list[str]], targets: list[str]
     ) -> list[list[tuple[float, dict[str, float]]]]:
-        """`evaluate_response` for every response of several groups, in one call."""
-        items = [(p, r, t) for p, group, t in zip(prompts, responses, targets, strict=True) for r in group]
+        """`evaluate_response` for every response of several groups, in one call (one prompt
+        per response: after several turns each response has its own conversation before it)."""
+        items = [
+            (p, r, t)
+            for group_prompts, group, t in zip(prompts, responses, targets, strict=True)
+            for p, r in zip(group_prompts, group, strict=True)
+        ]
         scores = iter(self.scorer.score_many(items))
         return [[next(scores) for _ in group] for group in responses]
 

@@ -69,6 +69,16 @@ class Replica:
 _sticky: contextvars.ContextVar[dict[int, int] | None] = contextvars.ContextVar("forge_sticky", default=None)
 
 
+def routed(endpoint):
+    """How to call `endpoint` once: `route` for a service's endpoint, `call_one` for an actor's."""
+    return endpoint.route if hasattr(endpoint, "route") else endpoint.call_one
+
+
+def session_of(handle):
+    """`handle.session()` for a service (calls stick to one replica); nothing for an actor."""
+    return handle.session() if isinstance(handle, Service) else contextlib.nullcontext()
+
+
 class ServiceEndpoint:
     def __init__(self, service: Service, name: str):
         self._service = service

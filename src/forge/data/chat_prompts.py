@@ -102,23 +102,34 @@ class PromptRenderer:
         else:
             self.has_template, self._template_text = True, Path(chat_template).read_text()
 
-    def render(self, prompt: Prompt) -> RenderedPrompt:
+    def render(self, prompt: Prompt, tools: list[dict] | None = None) -> RenderedPrompt:
+        """``tools`` (JSON schemas) are declared to the chat template, for templates that take them."""
         check_prompt(prompt, "prompt")
         if isinstance(prompt, str):
             if not self.has_template:
                 return RenderedPrompt(self.tokenizer(prompt).input_ids, prompt)
-            ids = self._apply([{"role": "user", "content": prompt}], tokenize=True)
+            ids = self.apply([{"role": "user", "content": prompt}], tokenize=True, tools=tools)
             self._announce_string_templating(prompt, ids)
             return RenderedPrompt(ids, prompt)
         if not self.has_template:
             raise ValueError(self._no_template_message())
-        return RenderedPrompt(self._apply(prompt, tokenize=True), self._apply(prompt, tokenize=False))
+        return RenderedPrompt(
+            self.apply(prompt, tokenize=True, tools=tools), self.apply(prompt, tokenize=False, tools=tools)
+        )
 
-    def _apply(self, messages: list[Message], tokenize: bool):
+    def apply(
+        self,
+        messages: list[Message],
+        tokenize: bool,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+    ):
+        """The chat template applied to ``messages`` (ids, or text with ``tokenize=False``)."""
         return self.tokenizer.apply_chat_template(
             messages,
             chat_template=self._template_text,
-            add_generation_prompt=True,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
             tokenize=tokenize,
             return_dict=False,
         )

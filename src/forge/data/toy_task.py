@@ -4,7 +4,10 @@ A row is ``{"prompt": "37+48=", "target": "85", "completion": "85"}``: ``target`
 answer the reward compares against, ``completion`` is the gold response text for SFT (no
 eos: the SFT collator appends it). With ``answer_format="tagged"`` the gold response is
 ``<answer>85</answer>`` instead; the reward (``forge.data.rewards.toy_task_reward``)
-accepts either. The plain format is the default because every generated token costs CPU
+accepts either. With ``answer_format="calc"`` a row also holds ``messages``, a demonstration
+of the calculator tool (``forge.envs.tool_env``, tag format) for multi-turn SFT: the user's
+problem, the assistant's call ``<calc>37+48</calc>``, the tool's ``<result>85</result>``, and
+the assistant's answer ``85``. The plain format is the default because every generated token costs CPU
 time in the demo, and a bare number still gives a clean signal: 1.0 for the right
 number, a little for a well-formed wrong one, nothing for anything else.
 
@@ -24,14 +27,14 @@ import logging
 import os
 import random
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 logger = logging.getLogger(__name__)
 
 Operator = Literal["+", "-", "*"]
-Row = dict[str, str]
+Row = dict[str, Any]
 
 
 class ToyTaskConfig(BaseModel):
@@ -44,7 +47,7 @@ class ToyTaskConfig(BaseModel):
     max_digits: int = Field(default=2, ge=1, le=9, description="most digits of an operand")
     num_operands: int = Field(default=2, ge=2, le=4)
     operators: list[Operator] = Field(default_factory=lambda: ["+"], min_length=1)
-    answer_format: Literal["plain", "tagged"] = "plain"
+    answer_format: Literal["plain", "tagged", "calc"] = "plain"
     eval_fraction: float = Field(
         default=0.1, gt=0.0, lt=1.0, description="share of all possible problems reserved for eval"
     )
@@ -83,6 +86,8 @@ def make_splits(cfg: ToyTaskConfig) -> tuple[list[Row], list[Row]]:
         if len(split) < limit and prompt not in split:
             target = str(_evaluate(operands, operators))
             split[prompt] = {"prompt": prompt, "target": target, "completion": _gold_response(target, cfg)}
+            if cfg.answer_format == "calc":
+                split[prompt]["messages"] = calculator_demonstration(prompt, target)
     return list(train.values()), list(evaluation.values())
 
 
@@ -138,3 +143,13 @@ def _evaluate(operands: list[int], operators: list[str]) -> int:
 
 def _gold_response(target: str, cfg: ToyTaskConfig) -> str:
     return f"<answer>{target}</answer>" if cfg.answer_format == "tagged" else target
+
+
+def calculator_demonstration(prompt: str, target: str) -> list[dict[str, str]]:
+    """The calculator tool used as it should be on ``prompt`` (``"37+48="``), as chat messages."""
+    return [
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": f"<calc>{prompt.removesuffix('=')}</calc>"},
+        {"role": "tool", "content": f"<result>{target}</result>"},
+        {"role": "assistant", "content": target},
+    ]

@@ -8,14 +8,34 @@ StopReason = Literal["stop", "length"]
 
 
 @dataclass
+class Turn:
+    """One part of a multi-turn response, for records and rewards: who wrote it (``"assistant"``
+    for the model, else the environment's role), its text, how many response tokens it spans,
+    and the reward the environment gave for the model turn it answers."""
+
+    role: str
+    text: str
+    num_tokens: int
+    reward: float = 0.0
+
+
+@dataclass
 class Completion:
-    """One sampled response to a prompt, as the generator produced it.
+    """One sampled response to a prompt, as the generator produced it, or a whole multi-turn
+    trajectory (``forge.envs.trajectory``).
 
     ``response_ids`` include the stop token when ``stop_reason == "stop"``; ``text`` is the
     decoded response without special tokens. ``logprobs`` has one entry per response token:
     the log-probability under the distribution the token was sampled from (see
-    ``forge.engines.generation``). ``policy_version`` is the weights version that produced
-    every token: generators never update weights in the middle of a sequence.
+    ``forge.engines.generation``). ``policy_version`` is the oldest weights version that
+    produced a token: what staleness is measured by.
+
+    A trajectory's response is every token after the opening prompt: model turns and the
+    environment's turns between them. ``response_mask`` is 1 on the model's tokens and 0 on the
+    environment's (None: all the model's), whose logprobs are 0.0 and never trained;
+    ``token_versions`` is the version of each response token (None: all ``policy_version``);
+    ``turns`` splits the response by author (None: one model turn); ``truncated`` says a limit
+    (turns or tokens) ended the trajectory before the environment did.
     """
 
     prompt: str
@@ -25,13 +45,43 @@ class Completion:
     text: str
     stop_reason: StopReason
     policy_version: int
+    response_mask: list[int] | None = None
+    token_versions: list[int] | None = None
+    turns: list[Turn] | None = None
+    truncated: bool = False
 
     def __post_init__(self) -> None:
-        if len(self.logprobs) != len(self.response_ids):
+        for name in ("logprobs", "response_mask", "token_versions"):
+            values = getattr(self, name)
+            if values is not None and len(values) != len(self.response_ids):
+                raise ValueError(
+                    f"a completion needs one {name} entry per response token: got {len(values)} "
+                    f"for {len(self.response_ids)} tokens"
+                )
+        if self.turns is not None and sum(t.num_tokens for t in self.turns) != len(self.response_ids):
             raise ValueError(
-                f"a completion needs one logprob per response token: got {len(self.logprobs)} logprobs "
-                f"for {len(self.response_ids)} tokens"
+                f"the turns of a completion span {sum(t.num_tokens for t in self.turns)} tokens, "
+                f"its response has {len(self.response_ids)}"
             )
+
+    @property
+    def model_mask(self) -> list[int]:
+        """1 on the tokens the model sampled (the ones trained), 0 on the environment's."""
+        return self.response_mask if self.response_mask is not None else [1] * len(self.response_ids)
+
+    @property
+    def env_reward(self) -> float:
+        """The sum of the environment's step rewards (0.0 for one turn without an environment)."""
+        return sum(t.reward for t in self.turns) if self.turns else 0.0
+
+    @property
+    def final_answer(self) -> tuple[str, str]:
+        """(context, answer) for reward functions: the model's last turn, and everything before
+        it as text (the prompt, then the earlier turns). One turn: (prompt, text)."""
+        if not self.turns:
+            return self.prompt, self.text
+        last = max(i for i, t in enumerate(self.turns) if t.role == "assistant")
+        return self.prompt + "".join(t.text for t in self.turns[:last]), self.turns[last].text
 
     @property
     def response_len(self) -> int:

@@ -1,1 +1,13 @@
-"""Environments for tool-using agents: the sandbox that runs model-written code."""
+"""Environments for multi-turn episodes and tool-using agents.
+
+- ``base``: the interface (``Environment``, ``EnvStep``) a user subclasses;
+- ``rollout``: groups of trajectories, token in and token out, with either engine;
+- ``turns``: the environment's turns as ids, in the chat template's formatting;
+- ``sessions``: environment instances per trajectory (in-process; ``forge.actors.environment``
+  puts them in an actor);
+- ``sandbox``: the Linux-namespace sandbox that runs model-written code.
+"""
+
+from forge.envs.base import Environment, EnvStep
+
+__all__ = ["EnvStep", "Environment"]

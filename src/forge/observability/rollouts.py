@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from forge.data.types import Completion, Episode
+from forge.data.types import Completion, Episode, Turn
 
 # What a training record holds, and in which order (the file is read by people too).
 RECORD_FIELDS = (
@@ -49,6 +49,8 @@ RECORD_FIELDS = (
     "logprobs",
     "ref_logprobs",
 )
+# What a record of a multi-turn trajectory adds (training and eval records alike).
+TURN_FIELDS = ("turns", "truncated", "response_mask")
 
 
 def _encode(typecode: str, values: list | None) -> str | None:
@@ -113,7 +115,24 @@ def episode_record(step: int, episode: Episode) -> dict[str, Any]:
         "response_ids": encode_ids(c.response_ids),
         "logprobs": encode_floats(c.logprobs),
         "ref_logprobs": encode_floats(episode.ref_logprobs),
+        **turn_fields(c),
     }
+
+
+def turn_fields(c: Completion) -> dict[str, Any]:
+    """A multi-turn trajectory's parts (who wrote what, how many tokens, the step rewards) and
+    its loss mask; nothing for a one-turn completion."""
+    if c.turns is None:
+        return {}
+    return {
+        "turns": [vars(t) for t in c.turns],
+        "truncated": c.truncated,
+        "response_mask": encode_ids(c.response_mask),
+    }
+
+
+def turns_from_record(record: dict[str, Any]) -> list[Turn] | None:
+    return [Turn(**t) for t in record["turns"]] if record.get("turns") is not None else None
 
 
 def eval_record(step: int, completion: Completion, target: str, reward: float) -> dict[str, Any]:
@@ -127,6 +146,7 @@ def eval_record(step: int, completion: Completion, target: str, reward: float) -
         "reward": reward,
         "response_len": completion.response_len,
         "stop_reason": completion.stop_reason,
+        **turn_fields(completion),
     }
 
 

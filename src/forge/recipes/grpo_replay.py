@@ -21,7 +21,13 @@ from forge.actors.trainer import TitanTrainer
 from forge.data.types import Completion, Episode
 from forge.observability import MetricsConfig, Reduce, get_metric_logger, record_metric
 from forge.observability.progress import Progress
-from forge.observability.rollouts import batches_path, decode_floats, decode_ids, read_records
+from forge.observability.rollouts import (
+    batches_path,
+    decode_floats,
+    decode_ids,
+    read_records,
+    turns_from_record,
+)
 from forge.rl.batch import PolicyBatch
 
 
@@ -34,6 +40,9 @@ def episode_from_record(record: dict) -> Episode:
         text=record["completion"],
         stop_reason=record["stop_reason"],
         policy_version=record["policy_version"],
+        response_mask=decode_ids(record["response_mask"]) if "response_mask" in record else None,
+        turns=turns_from_record(record),
+        truncated=record.get("truncated", False),
     )
     return Episode(
         completion,

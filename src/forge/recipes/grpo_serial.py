@@ -16,6 +16,7 @@ produces the same episodes, losses and rewards step for step (tests/grpo/test_gr
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,15 +30,19 @@ from forge.data.episode_buffer import EpisodeBuffer
 from forge.data.prompts import PromptCursor, load_prompt_rows
 from forge.data.reward_scoring import RewardScorer
 from forge.data.rewards import get_reward_fn
-from forge.data.types import Episode
-from forge.engines.generation import SamplingParams, to_completions
+from forge.data.types import Completion, Episode
+from forge.engines.generation import to_completions
 from forge.engines.titan.engine import TitanEngine
+from forge.envs.rollout import run_groups
+from forge.envs.sessions import LocalEnvironments
+from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
 from forge.observability.collector import pop_state
 from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch, pad_sequences, response_rows
 from forge.rl.losses import build_loss
 from forge.rl.ops import compute_logprobs
+from forge.rollout import with_env_reward
 
 
 def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
@@ -57,8 +62,13 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     # the two hold the same weights after every step.
     policy = TitanEngine(cfg.trainer.engine, trainable=True)
     sampler = build_generation_engine(cfg.generator, tokenizer.eos_token_id, tokenizer)
-    # Prompts become ids as the Generator actor renders them (chat template, stop strings).
-    renderer = PromptRenderer(tokenizer, cfg.generator.chat_template, "generator.chat_template")
+    # Rows become trajectories as in the app (forge.envs.rollout): the chat template renders the
+    # prompts and the environment's turns; the environment runs here rather than in an actor.
+    renderer = TurnRenderer(
+        PromptRenderer(tokenizer, cfg.dataset.chat_template), cfg.generator.sampling.stop_token_ids
+    )
+    envs = LocalEnvironments(cfg.env.name, cfg.env.params) if cfg.env is not None else None
+    drop_truncated = cfg.env is not None and cfg.env.on_truncation == "drop"
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
     loss_fn = build_loss(cfg.trainer.loss.name, **cfg.trainer.loss.params)
     # In this process, with no time limit: one process, one thing at a time (the app's reward
@@ -67,22 +77,44 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     train_rows, eval_rows = load_prompt_rows(cfg.dataset)
     prompts = PromptCursor(train_rows, cfg.dataset.seed)
     buffer = EpisodeBuffer(cfg.replay_buffer)
-    sampling = cfg.generator.sampling.model_copy(update={"n": cfg.rollout.group_size})
     eval_rows = eval_rows[: cfg.eval.num_prompts]
     eval_score = get_reward_fn(cfg.eval.reward_fn)
 
-    def generate(rows: list[dict], params: SamplingParams, sample_keys: list[int] | None, version: int):
-        rendered = [renderer.render(r["prompt"]) for r in rows]
-        ids = [r.ids for r in rendered]
-        outputs = sampler.generate(ids, params, sample_keys)
-        return to_completions([r.text for r in rendered], ids, outputs, tokenizer, version)
+    def generate(
+        rows: list[dict],
+        sample_keys: list[int] | None,
+        version: int,
+        group_size: int,
+        max_tokens: int = cfg.generator.sampling.max_tokens,
+        **sampling,
+    ):
+        async def sample(prompt_ids, keys, n: int, **overrides) -> list[list[Completion]]:
+            params = cfg.generator.sampling.model_copy(update={"n": n, **overrides})
+            outputs = sampler.generate(prompt_ids, params, keys)
+            return to_completions([""] * len(prompt_ids), prompt_ids, outputs, tokenizer, version)
+
+        return asyncio.run(
+            run_groups(
+                rows,
+                sample_keys,
+                group_size=group_size,
+                generate=sample,
+                renderer=renderer,
+                max_tokens=max_tokens,
+                envs=envs,
+                limits=cfg.trajectory_limits,
+                **sampling,
+            )
+        )
 
     def rollout(version: int) -> None:
         rows = [prompts.next() for _ in range(cfg.rollout.prompts_per_step)]
-        groups = generate(rows, sampling, [r["index"] for r in rows], version)
+        groups = generate(rows, [r["index"] for r in rows], version, cfg.rollout.group_size)
         episodes = []
         for row, group in zip(rows, groups, strict=True):
-            scores = [scorer.score(c.prompt, c.text, row["target"]) for c in group]
+            if group is None:  # its environment failed (counted in rollout/env_failures)
+                continue
+            scores = [with_env_reward(c, *scorer.score(*c.final_answer, row["target"])) for c in group]
             for total, _ in scores:
                 record_metric("rollout/reward", total, Reduce.MEAN)
             rewards = torch.tensor([total for total, _ in scores], dtype=torch.float32)
@@ -95,25 +127,25 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
                     c, row["target"], str(row["index"]), reward=total, reward_breakdown=parts, advantage=a
                 )
                 for c, (total, parts), a in zip(group, scores, advantages, strict=True)
+                if not (drop_truncated and c.truncated)
             ]
         if episodes and reference is not None:
             completions = [e.completion for e in episodes]
-            tokens, target_ids, mask = pad_sequences(
+            tokens, target_ids, span = pad_sequences(
                 [c.prompt_ids for c in completions], [c.response_ids for c in completions], pad_id=0
             )
             logits = reference.forward(tokens)
             temperature = cfg.generator.sampling.temperature
             logprobs = compute_logprobs(logits, target_ids.to(logits.device), temperature).cpu()
-            for episode, row in zip(episodes, response_rows(logprobs, mask), strict=True):
+            for episode, row in zip(episodes, response_rows(logprobs, span), strict=True):
                 episode.ref_logprobs = row
         for episode in episodes:
             buffer.add(episode)
 
     def accuracy() -> float:
-        greedy = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.eval.max_tokens)
-        groups = generate(eval_rows, greedy, None, version)
+        groups = generate(eval_rows, None, version, 1, max_tokens=cfg.eval.max_tokens, temperature=0.0)
         return sum(
-            eval_score(g[0].prompt, g[0].text, r["target"]) == 1.0
+            g is not None and eval_score(*g[0].final_answer, r["target"]) == 1.0
             for r, g in zip(eval_rows, groups, strict=True)
         ) / max(len(eval_rows), 1)
 

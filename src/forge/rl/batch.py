@@ -6,8 +6,10 @@ It lives in ``forge.rl`` (pure torch) because every loss takes it; ``from_episod
 For an episode with prompt ids p (length P) and response ids r (length R) the sequence is
 s = p + r. The model reads ``tokens = s[:-1]`` and ``logits[:, t]`` predicts
 ``target_ids[:, t] = s[t + 1]``, so the response tokens are the targets at positions
-``P - 1 .. P + R - 2``: that is where ``loss_mask`` is 1 and where the generator's (and
-reference's) per-token logprobs are placed. Rows are right-padded to the longest one.
+``P - 1 .. P + R - 2`` (the response span): that is where the generator's (and reference's)
+per-token logprobs are placed, and where ``loss_mask`` is 1, except on the tokens of a
+multi-turn response that the environment wrote (``Completion.response_mask`` 0), which are
+read as context but never trained. Rows are right-padded to the longest one.
 
 The replay buffer builds one batch per data-parallel rank (``PolicyBatch.from_episodes``);
 the trainer splits it into microbatches and calls ``loss(logits, microbatch)``. On plain
@@ -61,19 +63,17 @@ class PolicyBatch:
         if not episodes:
             raise ValueError("PolicyBatch.from_episodes needs at least one episode")
         completions = [ep.completion for ep in episodes]
-        tokens, target_ids, loss_mask = pad_sequences(
+        tokens, target_ids, span = pad_sequences(
             [c.prompt_ids for c in completions], [c.response_ids for c in completions], pad_id
         )
         with_ref = all(ep.ref_logprobs is not None for ep in episodes)
         return cls(
             target_ids=target_ids,
-            loss_mask=loss_mask,
+            loss_mask=place_responses([c.model_mask for c in completions], span),
             tokens=tokens,
             advantages=torch.tensor([ep.advantage for ep in episodes], dtype=torch.float32),
-            generator_logprobs=place_responses([c.logprobs for c in completions], loss_mask),
-            ref_logprobs=place_responses([ep.ref_logprobs for ep in episodes], loss_mask)
-            if with_ref
-            else None,
+            generator_logprobs=place_responses([c.logprobs for c in completions], span),
+            ref_logprobs=place_responses([ep.ref_logprobs for ep in episodes], span) if with_ref else None,
             policy_versions=torch.tensor([ep.policy_version for ep in episodes], dtype=torch.long),
         )
 
@@ -130,32 +130,33 @@ class PolicyBatch:
 def pad_sequences(
     prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``tokens``, ``target_ids`` (long) and ``loss_mask`` (float32, 1 on response targets)."""
+    """``tokens``, ``target_ids`` (long) and the response span (float32, 1 on every response
+    target, whoever wrote it)."""
     width = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True)) - 1
     tokens = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     target_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros(len(prompts), width)
+    span = torch.zeros(len(prompts), width)
     for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
         seq = torch.tensor([*prompt, *response], dtype=torch.long)
         tokens[i, : len(seq) - 1] = seq[:-1]
         target_ids[i, : len(seq) - 1] = seq[1:]
-        loss_mask[i, len(prompt) - 1 : len(seq) - 1] = 1.0
-    return tokens, target_ids, loss_mask
+        span[i, len(prompt) - 1 : len(seq) - 1] = 1.0
+    return tokens, target_ids, span
 
 
-def place_responses(rows: Sequence[Sequence[float]], loss_mask: Tensor) -> Tensor:
-    """Per-response-token values laid out at the positions where ``loss_mask`` is set (0 elsewhere)."""
+def place_responses(rows: Sequence[Sequence[float]], span: Tensor) -> Tensor:
+    """Per-response-token values laid out at the positions where ``span`` is set (0 elsewhere)."""
     lengths = [len(row) for row in rows]
-    if lengths != (loss_mask != 0).sum(-1).tolist():
+    if lengths != (span != 0).sum(-1).tolist():
         raise ValueError(
-            f"one value per response token needed: got rows of {lengths} values for masks "
-            f"of {(loss_mask != 0).sum(-1).tolist()} tokens"
+            f"one value per response token needed: got rows of {lengths} values for responses "
+            f"of {(span != 0).sum(-1).tolist()} tokens"
         )
-    out = torch.zeros(loss_mask.shape)
-    out[loss_mask != 0] = torch.tensor([v for row in rows for v in row], dtype=out.dtype)
+    out = torch.zeros(span.shape)
+    out[span != 0] = torch.tensor([v for row in rows for v in row], dtype=out.dtype)
     return out
 
 
-def response_rows(values: Tensor, loss_mask: Tensor) -> list[list[float]]:
-    """The inverse of ``place_responses``: each row's values where ``loss_mask`` is set."""
-    return [row[mask != 0].tolist() for row, mask in zip(values, loss_mask, strict=True)]
+def response_rows(values: Tensor, span: Tensor) -> list[list[float]]:
+    """The inverse of ``place_responses``: each row's values where ``span`` is set."""
+    return [row[mask != 0].tolist() for row, mask in zip(values, span, strict=True)]

@@ -20,7 +20,14 @@ def check_run_inputs(cfg) -> None:
     check_policy_model(cfg, len(tokenizer))
     train, evaluation = load_prompt_rows(cfg.dataset)  # raises on a missing column or no prompts
     seq_len, max_tokens = cfg.trainer.engine.training.seq_len, cfg.generator.sampling.max_tokens
-    check_prompt_lengths(train, tokenizer, seq_len, max_tokens, cfg.dataset.chat_template)
+    if cfg.env is None:
+        check_prompt_lengths(train, tokenizer, seq_len, max_tokens, cfg.dataset.chat_template)
+    else:
+        # The environment's class and params: an instance is built here (and its prompts, which
+        # come from reset, are measured against env.max_tokens as trajectories start).
+        from forge.envs.sessions import LocalEnvironments
+
+        LocalEnvironments(cfg.env.name, cfg.env.params)
     check_eval_set(evaluation, cfg.eval.every)
 
 

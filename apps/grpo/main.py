@@ -2,22 +2,13 @@
 
 python -m apps.grpo.main --config configs/grpo/tiny_cpu.yaml [key=value ...]
 
-    rollout loops (x rollout.threads)            training loop
-    ---------------------------------            -------------
-    wait: staleness bound allows a rollout       wait: a batch is buffered
-    prompts -> Generator (newest weights,        ReplayBuffer.sample -> TitanTrainer.train_step
-      at least version T - max_policy_age)       TitanTrainer.push_weights(T+1): snapshot, then
-      -> reward -> advantages -> reference         store put in the background -> generators
-      -> ReplayBuffer.add                          pick it up before their next request
-
-The staleness bound (forge.staleness) pauses rollouts whose episodes could only go stale;
-the training loop waits for nothing but a batch.
+This app is wiring: it checks the config, launches the actors and hands them to the loops in
+forge.runs.grpo_loops (where the pipeline is drawn).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import subprocess
@@ -43,17 +34,14 @@ from forge.controller import get_provisioner, init_provisioner, shutdown, superv
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.rewards import get_reward_fn
 from forge.envs.turns import TurnRenderer
-from forge.observability import Reduce, get_metric_logger, record_metric
-from forge.observability.progress import Progress as ProgressDisplay
+from forge.observability import get_metric_logger
 from forge.observability.rollouts import RolloutRecorder, batches_path
 from forge.recipes.grpo_replay import replay_training
-from forge.rollout import RolloutCounts, Rollouts, greedy_accuracy, rollout_step, wait_for_room
+from forge.rollout import Rollouts
 from forge.runs import RunStopped
-from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpointer
+from forge.runs.checkpoint import Progress, RunCheckpointer
 from forge.runs.checks import check_run_inputs
-from forge.runs.faults import wait_for_loops
-from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
-from forge.staleness import StalenessBound
+from forge.runs.grpo_loops import GRPOActors, GRPOLoops
 from forge.weight_sync import resolve_transport
 
 
@@ -75,24 +63,6 @@ def ensure_warm_start(cfg: GRPOConfig) -> None:
 
 def checkpointer(cfg: GRPOConfig) -> RunCheckpointer:
     return RunCheckpointer(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep)
-
-
-def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, str]:
-    """The key numbers of a step, as the progress bar or line shows them ("-": none this step,
-    e.g. no rollout finished during it)."""
-
-    def shown(key: str, spec: str, unit: str = "") -> str:
-        return f"{row[key]:{spec}}{unit}" if key in row else "-"
-
-    fields = {"reward": shown("rollout/reward", ".3f")}
-    if accuracy is not None:
-        fields["eval acc"] = f"{accuracy:.3f}"
-    fields["policy age"] = shown("buffer/policy_age_mean", ".2f")
-    fields["gen"] = shown("generator/tokens_per_s", ".0f", " tok/s")
-    fields["sync"] = shown("grpo/weight_sync_ms", ".0f", " ms")
-    fields["wait"] = shown("grpo/wait_batch_ms", ".0f", " ms")
-    fields["step"] = f"{step_s:.2f} s"
-    return fields
 
 
 async def run(cfg: GRPOConfig) -> dict:
@@ -197,132 +167,25 @@ async def _train(cfg: GRPOConfig) -> dict:
         drop_truncated=cfg.env is not None and cfg.env.on_truncation == "drop",
     )
     eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
-    score_fn = get_reward_fn(cfg.eval.reward_fn)
-    stop = asyncio.Event()
-    # Without a trainer the policy never changes, so no episode can grow stale.
-    max_age = cfg.replay_buffer.max_policy_age if cfg.trainer.enabled else cfg.max_steps
-    bound = StalenessBound(max_age, cfg.replay_buffer.batch_size)
-    rollout_episodes = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-    counts, skips = RolloutCounts(), SkippedUpdates(cfg.trainer.max_skipped_updates)
-    checkpoints, actors = checkpointer(cfg), RunActors(trainer, replay_buffer, dataset, generator)
-    pause = RolloutPause()
-
-    async def continuous_rollouts() -> None:
-        """Waits for the staleness bound to allow a rollout, then makes one into the buffer."""
-        while not stop.is_set():
-            await wait_for_room(replay_buffer, counts, lambda: bound.version)
-            min_version = await bound.start_rollout(rollout_episodes)
-            added: list[int] = []
-            try:
-                async with pause.rollout():  # a checkpoint holds new rollouts (see RolloutPause)
-                    added = await rollout_step(
-                        dataset=dataset,
-                        rollouts=rollouts,
-                        reward=reward,
-                        advantages=advantages,
-                        reference=reference,
-                        replay_buffer=replay_buffer,
-                        prompts_per_step=cfg.rollout.prompts_per_step,
-                        group_size=cfg.rollout.group_size,
-                        skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
-                        min_version=min_version,
-                        counts=counts,
-                        recorder=recorder,
-                    )
-            finally:
-                await bound.finish_rollout(rollout_episodes, added)
-
-    async def next_batch(version: int):
-        await bound.wait_for_batch()
-        # The bound mirrors the buffer, so the first sample normally has a batch.
-        while (batch := await replay_buffer.sample.call_one(version)) is None:
-            await asyncio.sleep(0.05)
-        return batch
-
-    explain_starvation = functools.partial(
-        starvation_report, counts, replay_buffer, reward, cfg.replay_buffer
+    actors = GRPOActors(dataset, rollouts, trainer, replay_buffer, reward, advantages, reference)
+    loops = GRPOLoops(
+        cfg, actors, eval_rows, get_reward_fn(cfg.eval.reward_fn), metric_logger, checkpointer(cfg), recorder
     )
-
-    async def evaluate(version: int) -> float:
-        return await greedy_accuracy(rollouts, eval_rows, score_fn, cfg.eval.max_tokens, version, recorder)
-
-    async def continuous_training(progress: Progress) -> dict:
-        """Waits only for a batch; publishing the new weights overlaps the next step."""
-        history = progress.history
-        display = ProgressDisplay(cfg.max_steps, desc="grpo", initial=progress.step)
-        if progress.step == 0:
-            accuracy = await evaluate(0)
-            record_metric("eval/accuracy", accuracy, Reduce.MEAN)
-            await metric_logger.flush(0)
-            history["eval_accuracy"].append((0, accuracy))
-            display.message(f"step 0 | eval acc {accuracy:.3f} (initial policy)")
-        version = progress.version
-        for step in range(progress.step + 1, cfg.max_steps + 1):
-            started = time.perf_counter()
-            if recorder is not None:
-                recorder.step = step
-            batch = await wait_for_batch(
-                next_batch(version), cfg.replay_buffer.starve_timeout_s, explain_starvation
-            )
-            record_metric("grpo/wait_batch_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
-            episode_versions = [int(v) for b in batch for v in b.policy_versions]
-            if trainer is not None:  # trainer.enabled=false: only generate and record
-                skips.observe(step, next(iter((await trainer.train_step.call(batch)).values())))
-                version += 1
-                sync_started = time.perf_counter()
-                await trainer.push_weights.call(version)
-                record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
-                record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
-            await bound.trained(episode_versions)
-            accuracy = None
-            if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
-                accuracy = await evaluate(version)
-                record_metric("eval/accuracy", accuracy, Reduce.MEAN)
-                history["eval_accuracy"].append((step, accuracy))
-            record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
-            row = await metric_logger.flush(step)
-            display.update(
-                step, step_fields(row, accuracy, time.perf_counter() - started), persist=accuracy is not None
-            )
-            if trainer is None:
-                continue
-            every, last = cfg.checkpoint.every, step == cfg.max_steps
-            if every and (step % every == 0 or last):
-                async with pause.paused():
-                    await checkpoints.save(Progress(step, version, history), actors)
-            if last or (cfg.checkpoint.export_every and step % cfg.checkpoint.export_every == 0):
-                await trainer.export_hf.call(
-                    str(Path(cfg.output_dir, "export").resolve()),
-                    cfg.policy_path,
-                    cfg.checkpoint.export_dtype,
-                )
-        display.close()
-        if trainer is not None:
-            await trainer.wait_published.call()
-        return history
-
-    progress = Progress()
-    if cfg.resume:
-        progress = await checkpoints.resume(actors, trainer.push_weights.call, cfg.metrics.jsonl_path)
-        bound.restore(progress.version, progress.buffered_versions)
-        print(
-            f"resume: continuing after step {progress.step}" if progress.step else "resume: no checkpoint yet"
-        )
-    rollout_loops = [asyncio.create_task(continuous_rollouts()) for _ in range(cfg.rollout.threads)]
-    training = asyncio.create_task(continuous_training(progress))
     try:
-        history = await wait_for_loops(training, rollout_loops)
+        progress = Progress()
+        if cfg.resume:
+            progress = await loops.resume()
+            print(
+                f"resume: continuing after step {progress.step}"
+                if progress.step
+                else "resume: no checkpoint yet"
+            )
+        return await loops.run(progress)
     finally:
-        # Also on Ctrl-C (asyncio cancels this coroutine): stop both loops before the actors.
-        stop.set()
-        for task in (training, *rollout_loops):
-            task.cancel()
-        await asyncio.gather(training, *rollout_loops, return_exceptions=True)
         await metric_logger.close()
         await store.shutdown()
         if recorder is not None:
             recorder.close()
-    return history
 
 
 def stopped(cfg: GRPOConfig, reason: str) -> NoReturn:

@@ -3,8 +3,9 @@ has multi-character tokens: a stop string split over tokens, and one inside a lo
 
 import pytest
 import torch
+from hf_checkpoints import tiny_qwen3_config
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from forge.data.tokenizer import BOS, EOS, PAD, SPECIAL_TOKENS, UNK
 from forge.engines.generation import GeneratedSequence, SamplingParams, StopStrings
@@ -68,23 +69,8 @@ def test_the_token_completing_a_stop_string_is_kept_whole(pieces, stop, kept, re
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    # head_dim 32: vLLM's CPU attention rejects 16.
-    config = Qwen3Config(
-        vocab_size=len(TOKENIZER),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        # No eos (vLLM would take it from here): samples run to max_tokens unless a stop string ends them.
-        eos_token_id=None,
-        pad_token_id=0,
-        architectures=["Qwen3ForCausalLM"],
-    )
+    # No eos (vLLM would take it from here): samples run to max_tokens unless a stop string ends them.
+    config = tiny_qwen3_config(len(TOKENIZER), None, max_position_embeddings=128)
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("stop_strings_model")
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from hf_checkpoints import tiny_qwen3_config
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams
@@ -19,22 +20,7 @@ MAX_MODEL_LEN = 96
 
 
 def tiny_config(head_dim: int = 32) -> Qwen3Config:
-    # head_dim 32: vLLM's CPU attention rejects 16.
-    return Qwen3Config(
-        vocab_size=64,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=head_dim,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=EOS,
-        pad_token_id=0,
-        architectures=["Qwen3ForCausalLM"],
-    )
+    return tiny_qwen3_config(64, EOS, head_dim=head_dim)
 
 
 def save_tiny_model(path, seed: int, **config_overrides):

@@ -11,7 +11,8 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen3Config
+from hf_checkpoints import tiny_qwen3_config
+from transformers import AutoModelForCausalLM
 
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.tokenizer import embedded_tokenizer
@@ -56,21 +57,7 @@ SCRIPTED = f"{__name__}:ScriptedTool"
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny Qwen3 made by transformers, with the embedded tokenizer (head_dim 32 for vLLM's CPU attention)."""
-    config = Qwen3Config(
-        vocab_size=len(TOKENIZER),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=EOS,
-        pad_token_id=0,
-        architectures=["Qwen3ForCausalLM"],
-    )
+    config = tiny_qwen3_config(len(TOKENIZER), EOS)
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("multiturn_model")
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)

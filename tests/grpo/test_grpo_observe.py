@@ -90,7 +90,7 @@ def test_inspect_prints_a_table(recorded_run, capsys):
     forge_inspect.main([str(run_dir), "--worst", "2", "--best", "1"])
     lines = capsys.readouterr().out.splitlines()
     assert "training episodes, steps" in lines[0] and lines[0].endswith("showing 3")
-    assert lines[1].split()[:6] == ["step", "ver", "reward", "adv", "len", "stop"]
+    assert lines[1].split()[:7] == ["step", "ver", "reward", "adv", "len", "turns", "stop"]
     rewards = [float(line.split()[2]) for line in lines[2:]]
     assert len(rewards) == 3 and rewards[0] <= rewards[1] <= rewards[2]
 

@@ -103,3 +103,24 @@ def make_checkpoint(root: Path, name: str, seed: int = 0, dtype: torch.dtype = t
     model.to(dtype).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def tiny_qwen3_config(vocab_size: int, eos_token_id: int | None, **overrides) -> Qwen3Config:
+    """A tiny tied Qwen3 as engine tests use it: head_dim 32 (vLLM's CPU attention refuses 16),
+    bos 1, pad 0; ``eos_token_id`` None leaves samples to run to max_tokens."""
+    settings = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=eos_token_id,
+        pad_token_id=0,
+        architectures=["Qwen3ForCausalLM"],
+    )
+    return Qwen3Config(**{**settings, **overrides})

@@ -1,0 +1,214 @@
+"""GRPO's two loops over actor handles: continuous rollouts and continuous training, joined by
+the replay buffer. The app (apps/grpo/main.py) launches the actors and hands them here.
+
+    rollout loops (x rollout.threads)            training loop
+    ---------------------------------            -------------
+    wait: staleness bound allows a rollout       wait: a batch is buffered
+    rows -> trajectories (Generator turns,       ReplayBuffer.sample -> TitanTrainer.train_step
+      environment turns; newest weights, at      TitanTrainer.push_weights(T+1): snapshot, then
+      least version T - max_policy_age)            store put in the background -> generators
+      -> reward -> advantages -> reference         pick it up before their next request
+      -> ReplayBuffer.add
+
+The staleness bound (forge.staleness) pauses rollouts whose episodes could only go stale;
+the training loop waits for nothing but a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from forge.observability import Reduce, record_metric
+from forge.observability.progress import Progress as ProgressDisplay
+from forge.observability.rollouts import RolloutRecorder
+from forge.rollout import RolloutCounts, Rollouts, greedy_accuracy, rollout_step, wait_for_room
+from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpointer
+from forge.runs.faults import wait_for_loops
+from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
+from forge.staleness import StalenessBound
+
+
+@dataclass
+class GRPOActors:
+    """The handles the loops drive (trainer and reference None when the config has none)."""
+
+    dataset: Any
+    rollouts: Rollouts
+    trainer: Any
+    replay_buffer: Any
+    reward: Any
+    advantages: Any
+    reference: Any
+
+
+def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, str]:
+    """The key numbers of a step, as the progress bar or line shows them ("-": none this step,
+    e.g. no rollout finished during it)."""
+
+    def shown(key: str, spec: str, unit: str = "") -> str:
+        return f"{row[key]:{spec}}{unit}" if key in row else "-"
+
+    fields = {"reward": shown("rollout/reward", ".3f")}
+    if accuracy is not None:
+        fields["eval acc"] = f"{accuracy:.3f}"
+    fields["policy age"] = shown("buffer/policy_age_mean", ".2f")
+    fields["gen"] = shown("generator/tokens_per_s", ".0f", " tok/s")
+    fields["sync"] = shown("grpo/weight_sync_ms", ".0f", " ms")
+    fields["wait"] = shown("grpo/wait_batch_ms", ".0f", " ms")
+    fields["step"] = f"{step_s:.2f} s"
+    return fields
+
+
+class GRPOLoops:
+    """The loops of one run (cfg: the app's GRPOConfig); `run` returns the run's history."""
+
+    def __init__(
+        self,
+        cfg,
+        actors: GRPOActors,
+        eval_rows: list[dict],
+        score_fn,
+        metric_logger,
+        checkpoints: RunCheckpointer,
+        recorder: RolloutRecorder | None,
+    ):
+        self.cfg, self.actors, self.eval_rows, self.score_fn = cfg, actors, eval_rows, score_fn
+        self.metric_logger, self.checkpoints, self.recorder = metric_logger, checkpoints, recorder
+        # Without a trainer the policy never changes, so no episode can grow stale.
+        max_age = cfg.replay_buffer.max_policy_age if cfg.trainer.enabled else cfg.max_steps
+        self.bound = StalenessBound(max_age, cfg.replay_buffer.batch_size)
+        self.counts, self.skips = RolloutCounts(), SkippedUpdates(cfg.trainer.max_skipped_updates)
+        self.pause, self.stop = RolloutPause(), asyncio.Event()
+        self.saved = RunActors(
+            actors.trainer, actors.replay_buffer, actors.dataset, actors.rollouts.generator
+        )
+
+    async def resume(self) -> Progress:
+        """The newest checkpoint's progress, with every actor's state restored from it."""
+        a = self.actors
+        progress = await self.checkpoints.resume(
+            self.saved, a.trainer.push_weights.call, self.cfg.metrics.jsonl_path
+        )
+        self.bound.restore(progress.version, progress.buffered_versions)
+        return progress
+
+    async def run(self, progress: Progress) -> dict:
+        rollout_loops = [asyncio.create_task(self._rollouts()) for _ in range(self.cfg.rollout.threads)]
+        training = asyncio.create_task(self._training(progress))
+        try:
+            return await wait_for_loops(training, rollout_loops)
+        finally:
+            # Also on Ctrl-C (asyncio cancels this coroutine): stop both loops before the actors.
+            self.stop.set()
+            for task in (training, *rollout_loops):
+                task.cancel()
+            await asyncio.gather(training, *rollout_loops, return_exceptions=True)
+
+    async def _rollouts(self) -> None:
+        """Waits for the staleness bound to allow a rollout, then makes one into the buffer."""
+        cfg, a = self.cfg, self.actors
+        episodes = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+        while not self.stop.is_set():
+            await wait_for_room(a.replay_buffer, self.counts, lambda: self.bound.version)
+            min_version = await self.bound.start_rollout(episodes)
+            added: list[int] = []
+            try:
+                async with self.pause.rollout():  # a checkpoint holds new rollouts (see RolloutPause)
+                    added = await rollout_step(
+                        dataset=a.dataset,
+                        rollouts=a.rollouts,
+                        reward=a.reward,
+                        advantages=a.advantages,
+                        reference=a.reference,
+                        replay_buffer=a.replay_buffer,
+                        prompts_per_step=cfg.rollout.prompts_per_step,
+                        group_size=cfg.rollout.group_size,
+                        skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
+                        min_version=min_version,
+                        counts=self.counts,
+                        recorder=self.recorder,
+                    )
+            finally:
+                await self.bound.finish_rollout(episodes, added)
+
+    async def _next_batch(self, version: int):
+        await self.bound.wait_for_batch()
+        # The bound mirrors the buffer, so the first sample normally has a batch.
+        while (batch := await self.actors.replay_buffer.sample.call_one(version)) is None:
+            await asyncio.sleep(0.05)
+        return batch
+
+    async def _evaluate(self, version: int) -> float:
+        return await greedy_accuracy(
+            self.actors.rollouts,
+            self.eval_rows,
+            self.score_fn,
+            self.cfg.eval.max_tokens,
+            version,
+            self.recorder,
+        )
+
+    async def _training(self, progress: Progress) -> dict:
+        """Waits only for a batch; publishing the new weights overlaps the next step."""
+        cfg, trainer, history = self.cfg, self.actors.trainer, progress.history
+        explain_starvation = functools.partial(
+            starvation_report, self.counts, self.actors.replay_buffer, self.actors.reward, cfg.replay_buffer
+        )
+        display = ProgressDisplay(cfg.max_steps, desc="grpo", initial=progress.step)
+        if progress.step == 0:
+            accuracy = await self._evaluate(0)
+            record_metric("eval/accuracy", accuracy, Reduce.MEAN)
+            await self.metric_logger.flush(0)
+            history["eval_accuracy"].append((0, accuracy))
+            display.message(f"step 0 | eval acc {accuracy:.3f} (initial policy)")
+        version = progress.version
+        for step in range(progress.step + 1, cfg.max_steps + 1):
+            started = time.perf_counter()
+            if self.recorder is not None:
+                self.recorder.step = step
+            batch = await wait_for_batch(
+                self._next_batch(version), cfg.replay_buffer.starve_timeout_s, explain_starvation
+            )
+            record_metric("grpo/wait_batch_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+            episode_versions = [int(v) for b in batch for v in b.policy_versions]
+            if trainer is not None:  # trainer.enabled=false: only generate and record
+                self.skips.observe(step, next(iter((await trainer.train_step.call(batch)).values())))
+                version += 1
+                sync_started = time.perf_counter()
+                await trainer.push_weights.call(version)
+                record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
+                record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
+            await self.bound.trained(episode_versions)
+            accuracy = None
+            if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
+                accuracy = await self._evaluate(version)
+                record_metric("eval/accuracy", accuracy, Reduce.MEAN)
+                history["eval_accuracy"].append((step, accuracy))
+            record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
+            row = await self.metric_logger.flush(step)
+            display.update(
+                step, step_fields(row, accuracy, time.perf_counter() - started), persist=accuracy is not None
+            )
+            if trainer is not None:
+                await self._save(step, version, history)
+        display.close()
+        if trainer is not None:
+            await trainer.wait_published.call()
+        return history
+
+    async def _save(self, step: int, version: int, history: dict) -> None:
+        """The step's checkpoint and export, when the config asks for them."""
+        cfg = self.cfg
+        every, last = cfg.checkpoint.every, step == cfg.max_steps
+        if every and (step % every == 0 or last):
+            async with self.pause.paused():
+                await self.checkpoints.save(Progress(step, version, history), self.saved)
+        if last or (cfg.checkpoint.export_every and step % cfg.checkpoint.export_every == 0):
+            await self.actors.trainer.export_hf.call(
+                str(Path(cfg.output_dir, "export").resolve()), cfg.policy_path, cfg.checkpoint.export_dtype
+            )

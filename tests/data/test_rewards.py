@@ -1,8 +1,12 @@
 """Reward functions on correct, wrong and malformed responses; the registry."""
 
 import math
+import os
+import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 
 from forge.data.rewards import (
@@ -157,7 +161,7 @@ def _non_finite(prompt: str, response: str, target: str) -> float:
     return {"inf": math.inf, "nan": math.nan}.get(response, 1.0)
 
 
-def test_scorer_times_out_a_hung_call_restarts_its_worker_and_goes_on():
+def test_scorer_times_out_hung_calls_and_goes_on():
     from forge.data.reward_scoring import RewardScorer
     from forge.observability.collector import pop_state
 
@@ -168,9 +172,11 @@ def test_scorer_times_out_a_hung_call_restarts_its_worker_and_goes_on():
         scores = scorer.score_many([("3+4=", "7", "7"), ("1+1=", "2", "2"), ("3+4=", "7", "7")])
         assert [total for total, _ in scores] == [-1.0 + 1.0, 1.0 + 1.0, -1.0 + 1.0]
         assert scores[1][1] == {name: 1.0, "toy_task": 1.0}
-        assert scorer._worker.restarts == 2  # once per hung call; the calls after each went on
         assert scorer.counts == {"errors": 0, "timeouts": 2}
         assert pop_state()[f"reward/{name}/timeouts"].value() == 2
+        worker = scorer._worker._process.pid
+        assert scorer.score("1+1=", "2", "2") == (2.0, {name: 1.0, "toy_task": 1.0})
+        assert scorer._worker._process.pid == worker  # hung calls cost their runners, not the worker
     finally:
         scorer.close()
 
@@ -188,3 +194,128 @@ def test_scorer_treats_non_finite_rewards_as_errors():
         1.0,
     ]
     assert pop_state()[f"reward/{name}/errors"].value() == 2
+
+
+# Hostile reward functions: each misbehaves on the response "bad" and returns 0.5 otherwise.
+def _raises(prompt: str, response: str, target: str) -> float:
+    if response == "bad":
+        raise RuntimeError("this reward is broken")
+    return 0.5
+
+
+def _returns_none(prompt: str, response: str, target: str) -> float | None:
+    return None if response == "bad" else 0.5
+
+
+def _returns_a_string(prompt: str, response: str, target: str) -> float | str:
+    return "0.5" if response == "bad" else 0.5  # float("0.5") would parse: still not a number
+
+
+def _calls_sys_exit(prompt: str, response: str, target: str) -> float:
+    if response == "bad":
+        sys.exit(0)
+    return 0.5
+
+
+def _exits_its_process(prompt: str, response: str, target: str) -> float:
+    if response == "bad":
+        os._exit(1)  # like a crash in C code: no exception, the process is gone
+    return 0.5
+
+
+def _hangs(prompt: str, response: str, target: str) -> float:
+    time.sleep(3600)
+    return 0.5
+
+
+def _prints_megabytes(prompt: str, response: str, target: str) -> float:
+    sys.stdout.write("o" * 4_000_000 + "\n")
+    sys.stderr.write("e" * 4_000_000 + "\n")
+    return 0.5
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in_process", "worker"])
+def test_anything_but_a_number_scores_error_reward_is_counted_and_the_calls_go_on(timeout_s):
+    from forge.data.reward_scoring import RewardScorer
+    from forge.observability.collector import pop_state
+
+    pop_state()
+    hostile = [_raises, _returns_none, _returns_a_string, _calls_sys_exit]
+    if timeout_s:  # in process, os._exit would end pytest itself
+        hostile.append(_exits_its_process)
+    names = [f"{__name__}:{fn.__name__}" for fn in hostile]
+    scorer = RewardScorer([(name, 1.0) for name in names], error_reward=-1.0, timeout_s=timeout_s)
+    try:
+        scores = scorer.score_many([("p", "good", "t"), ("p", "bad", "t"), ("p", "good", "t")])
+        assert [breakdown for _, breakdown in scores] == [
+            dict.fromkeys(names, 0.5),
+            dict.fromkeys(names, -1.0),
+            dict.fromkeys(names, 0.5),
+        ]
+        state = pop_state()
+        assert {name: state[f"reward/{name}/errors"].value() for name in names} == dict.fromkeys(names, 1)
+        assert scorer.counts == {"errors": len(names), "timeouts": 0}
+    finally:
+        scorer.close()
+
+
+def test_hung_calls_of_a_batch_time_out_together_not_one_after_another():
+    from forge.data.reward_scoring import RewardScorer
+
+    hangs, by_length = f"{__name__}:_hangs", "toy_task"
+    scorer = RewardScorer([(hangs, 1.0), (by_length, 1.0)], error_reward=-1.0, timeout_s=1.0)
+    try:
+        scorer.score("1+1=", "2", "2")  # the worker has started: what follows times only the batch
+        start = time.monotonic()
+        scores = scorer.score_many([("1+1=", str(n), "2") for n in range(6)])
+        took = time.monotonic() - start
+        # One after another, six hung calls would take over 6 s; together, about 2 (the first
+        # hang, then the five others at once), which a loaded machine may stretch a little.
+        assert took < 4.0, f"6 hung calls took {took:.1f} s"
+        assert [breakdown for _, breakdown in scores] == [
+            {hangs: -1.0, by_length: 1.0 if n == 2 else 0.1} for n in range(6)
+        ]
+        assert scorer.counts == {"errors": 0, "timeouts": 7}
+    finally:
+        scorer.close()
+
+
+def test_megabytes_of_output_from_a_reward_function_break_nothing(capfd):
+    from forge.data.reward_scoring import RewardScorer
+
+    scorer = RewardScorer([(f"{__name__}:_prints_megabytes", 1.0)], timeout_s=5.0)
+    try:
+        assert [total for total, _ in scorer.score_many([("p", "r", "t")] * 3)] == [0.5] * 3
+        assert scorer.counts == {"errors": 0, "timeouts": 0}
+    finally:
+        scorer.close()
+    out, err = capfd.readouterr()
+    assert out.count("o" * 4_000_000) == err.count("e" * 4_000_000) == 3  # written, not lost
+
+
+def test_the_worker_and_its_runners_die_with_the_process_that_started_them(tmp_path):
+    """A process that dies however it dies (here SIGKILL, in the middle of a hung call) leaves
+    no reward worker and no runner behind."""
+    script = f"""
+import sys
+from forge.data.reward_scoring import RewardScorer
+scorer = RewardScorer([("{__name__}:_hangs", 1.0)], timeout_s=600)
+scorer._worker._start()
+print(scorer._worker._process.pid, flush=True)
+scorer.score("p", "r", "t")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        worker = psutil.Process(int(parent.stdout.readline()))
+        deadline = time.monotonic() + 60
+        while not worker.children():  # the runner of the hung call
+            assert time.monotonic() < deadline, "the worker started no runner"
+            time.sleep(0.05)
+        [runner] = worker.children()
+        parent.kill()
+        parent.wait()
+        gone, alive = psutil.wait_procs([worker, runner], timeout=10)
+        assert alive == [], f"left behind: {[p.cmdline() for p in alive]}"
+    finally:
+        parent.kill()

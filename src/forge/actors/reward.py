@@ -19,11 +19,12 @@ class RewardFnConfig(ForgeConfigModel):
 
 class RewardConfig(ForgeConfigModel):
     functions: list[RewardFnConfig] = [RewardFnConfig(name="toy_task")]
-    # What a response scores from a reward function that raises, returns inf/nan or times out
-    # (the run goes on; each is counted in reward/<name>/errors or reward/<name>/timeouts).
+    # What a response scores from a reward function that raises, returns anything but a finite
+    # number, ends its process or times out (the run goes on; each is counted in
+    # reward/<name>/errors or reward/<name>/timeouts).
     error_reward: float = 0.0
-    # Longest a reward function may take on one response; the functions then run in a worker
-    # process that is killed and restarted when a call hangs. None: in-process, no limit.
+    # Longest a reward function may take on one response; the functions then run in processes
+    # that are killed when a call hangs (forge.data.reward_scoring). None: in-process, no limit.
     timeout_s: float | None = Field(5.0, gt=0)
 
 
@@ -58,3 +59,7 @@ class RewardActor(ForgeActor):
     async def counts(self) -> dict[str, int]:
         """Responses that scored `error_reward` since the start: {"errors": n, "timeouts": n}."""
         return dict(self.scorer.counts)
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        """When the actor stops: the reward worker stops now, not when its pipe closes."""
+        self.scorer.close()

@@ -1,47 +1,162 @@
 """The reward worker process (see `forge.data.reward_scoring`).
 
-    python -m forge.data.reward_worker READ_FD WRITE_FD
+    python -u -m forge.data.reward_worker READ_FD WRITE_FD
 
-It receives the reward function names, answers "ready" (or why not) once they are
-imported, then for each list of calls it receives sends one outcome per call, as soon as
-that call returns. It imports only the reward functions, so that a restart is cheap.
+It receives (reward function names, timeout_s), imports the functions and answers "ready"
+(or ``("error", why)``); then for each list of calls it receives, it sends back the list of
+their outcomes. It never runs a reward function itself: it forks runners that do (a fork is
+cheap and has the functions imported already), so whatever a call does (hang, end its
+process, flood its output) costs only its runner, and the worker always answers. It exits
+when its pipe from the parent closes, which is when the parent closes it or dies; runners
+die with it.
+
+Outcomes are plain data (a float, or a (kind, why) pair of strings): this module runs as the
+script ``__main__``, and an instance of a class defined here would not unpickle in the parent.
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
+import os
+import signal
 import sys
-from multiprocessing.connection import Connection
+import time
+import traceback
+from collections import deque
+from multiprocessing.connection import Connection, wait
 
-from forge.data.rewards import get_reward_fn
+from forge.data.rewards import RewardFn, get_reward_fn
+
+Call = tuple[int, str, str, str]  # (function index, prompt, response, target)
+ERROR, TIMEOUT = "error", "timeout"
+Outcome = float | tuple[str, str]  # the value, or (ERROR or TIMEOUT, why, for the log)
+
+# Runners alive at once: the batch's hung calls beyond this many wait for a free one.
+MAX_RUNNERS = 64
+# Error texts are cut to this length: they are for the log, and a short message reaches the
+# worker in one atomic pipe write.
+MESSAGE_CHARS = 500
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-class CallFailed:
-    """The outcome of a call that raised: the error's text, for the log."""
-
-    def __init__(self, message: str):
-        self.message = message
-
-
-class TimedOut:
-    """The outcome of a call that did not return within the time limit."""
-
-
-Outcome = float | CallFailed | TimedOut
-
-
-def call_here(fn, prompt: str, response: str, target: str) -> Outcome:
-    """One call in this process; an exception becomes a `CallFailed`."""
+def call_here(fn: RewardFn, prompt: str, response: str, target: str) -> Outcome:
+    """One call in this process; anything but a finite number becomes an `ERROR` outcome."""
     try:
-        return float(fn(prompt, response, target))
-    except Exception as e:
-        return CallFailed(f"{type(e).__name__}: {e}")
+        value = fn(prompt, response, target)
+        # Not float(value) alone: it would parse a string such as "0.5". Numbers (int, float,
+        # numpy and torch scalars, ...) define __float__.
+        if not hasattr(type(value), "__float__"):
+            return ERROR, f"returned {type(value).__name__}, not a number"
+        value = float(value)
+    except (Exception, SystemExit) as e:  # sys.exit() in a reward function is its bug too
+        # format_exception_only survives an exception whose str() raises.
+        return ERROR, f"raised {''.join(traceback.format_exception_only(e)).strip()}"[:MESSAGE_CHARS]
+    if not math.isfinite(value):
+        return ERROR, f"returned {value}"
+    return value
+
+
+class Runner:
+    """A forked child that runs some of a batch's calls in order and sends each outcome as soon
+    as the call returns; each call may take `timeout_s` from the previous one's answer."""
+
+    def __init__(self, functions: list[RewardFn], calls: list[Call], indices: list[int], timeout_s: float):
+        self.indices = indices  # positions in the batch, in the order the runner calls them
+        self.answered = 0
+        self.deadline = time.monotonic() + timeout_s
+        read_fd, write_fd = os.pipe()
+        worker = os.getpid()
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.close(read_fd)
+                die_with_parent(worker)
+                send = Connection(write_fd, readable=False)
+                for i in indices:
+                    index, prompt, response, target = calls[i]
+                    send.send(call_here(functions[index], prompt, response, target))
+            finally:
+                os._exit(0)  # never back into the worker's code
+        os.close(write_fd)
+        self.receive = Connection(read_fd, writable=False)
+
+    @property
+    def current(self) -> int:
+        """The batch position of the call the runner is on."""
+        return self.indices[self.answered]
+
+    def stop(self) -> int:
+        """Kills the runner (if it is still running) and returns its exit code (-N: signal N)."""
+        os.kill(self.pid, signal.SIGKILL)  # a runner that has exited is a zombie until reaped
+        _, status = os.waitpid(self.pid, 0)
+        self.receive.close()
+        return os.waitstatus_to_exitcode(status)
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent dies, even while it is stuck in C code (Linux)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before prctl
+        os._exit(1)
+
+
+def run_batch(
+    functions: list[RewardFn], calls: list[Call], timeout_s: float, parent: Connection
+) -> list[Outcome] | None:
+    """The outcome of each call, or None if the parent died meanwhile.
+
+    One runner runs all the calls in order (the common case costs one fork per batch). When
+    a call fails (times out or ends its runner), the calls after it each get a runner of
+    their own, all started at once: the hung ones among them time out together, so a batch
+    takes about two `timeout_s` at most rather than one per hung call (one more for each
+    `MAX_RUNNERS` hung calls beyond the first).
+    """
+    outcomes: list[Outcome | None] = [None] * len(calls)
+    waiting = deque([list(range(len(calls)))])
+    runners: dict[Connection, Runner] = {}
+    while waiting or runners:
+        while waiting and len(runners) < MAX_RUNNERS:
+            runner = Runner(functions, calls, waiting.popleft(), timeout_s)
+            runners[runner.receive] = runner
+        next_deadline = min(r.deadline for r in runners.values())
+        ready = wait([parent, *runners], timeout=max(0.0, next_deadline - time.monotonic()))
+        if parent in ready:  # the parent sends nothing during a batch: its end closed
+            return None
+        now = time.monotonic()
+        for runner in list(runners.values()):
+            if runner.receive in ready:
+                try:
+                    outcomes[runner.current] = runner.receive.recv()
+                except EOFError:  # the call ended its process (os._exit, a crash in C code)
+                    code = runner.stop()
+                    how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+                    failed = ERROR, f"ended its process ({how})"
+                else:
+                    runner.answered += 1
+                    runner.deadline = now + timeout_s
+                    if runner.answered == len(runner.indices):
+                        runner.stop()
+                        del runners[runner.receive]
+                    continue
+            elif now >= runner.deadline:
+                runner.stop()
+                failed = TIMEOUT, f"timed out after {timeout_s:g} s"
+            else:
+                continue
+            outcomes[runner.current] = failed
+            del runners[runner.receive]
+            waiting.extend([i] for i in runner.indices[runner.answered + 1 :])
+    return outcomes
 
 
 def serve(receive: Connection, send: Connection) -> None:
+    names, timeout_s = receive.recv()
     try:
-        functions = [get_reward_fn(name) for name in receive.recv()]
+        functions = [get_reward_fn(name) for name in names]
     except ValueError as e:
-        send.send(CallFailed(str(e)))
+        send.send((ERROR, str(e)))
         return
     send.send("ready")
     while True:
@@ -49,8 +164,10 @@ def serve(receive: Connection, send: Connection) -> None:
             calls = receive.recv()
         except EOFError:  # the parent closed the pipe or died
             return
-        for index, prompt, response, target in calls:
-            send.send(call_here(functions[index], prompt, response, target))
+        outcomes = run_batch(functions, calls, timeout_s, receive)
+        if outcomes is None:
+            return
+        send.send(outcomes)
 
 
 if __name__ == "__main__":

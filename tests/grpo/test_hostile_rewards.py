@@ -1,0 +1,75 @@
+"""Reward functions that raise, return None or end their process cost a run nothing: a GRPO
+run with the default reward config (reward.timeout_s 5 s: the functions run in the reward
+worker) completes, counts each function's errors, and leaves no reward worker behind."""
+
+import json
+import os
+
+import psutil
+from apps.grpo.main import main
+from processes import children_left
+
+# The reward actor's process (and its worker) imports the functions by module path: they live
+# in a module written to a folder put on PYTHONPATH.
+REWARDS_MODULE = """
+import os
+from pathlib import Path
+
+def raises(prompt, response, target):
+    raise RuntimeError("this reward is broken")
+
+def returns_none(prompt, response, target):
+    return None
+
+def exits_once(prompt, response, target):
+    marker = Path(os.environ["HOSTILE_TEST_EXIT_MARKER"])
+    if not marker.exists():
+        marker.touch()
+        os._exit(1)  # like a crash in C code: no exception, the process is gone
+    return 0.0
+
+def by_characters(prompt, response, target):
+    return sum(map(ord, response)) % 7 / 7  # varies within a group even for a random policy
+"""
+
+
+def reward_workers(marker: str) -> list[psutil.Process]:
+    """This test's live reward workers, wherever they are (an orphan is nobody's child)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if "forge.data.reward_worker" in (process.info["cmdline"] or []) and (
+                process.environ().get("HOSTILE_TEST_EXIT_MARKER") == marker
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_run_with_hostile_rewards_completes_and_counts_their_errors(
+    write_grpo_config, tmp_path, monkeypatch
+):
+    folder = tmp_path / "rewards_module"
+    folder.mkdir()
+    (folder / "hostile_rewards.py").write_text(REWARDS_MODULE)
+    monkeypatch.syspath_prepend(str(folder))  # the config names it: checked here at start-up
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
+    marker = str(tmp_path / "exited_once")
+    monkeypatch.setenv("HOSTILE_TEST_EXIT_MARKER", marker)
+    hostile = [f"hostile_rewards:{name}" for name in ("raises", "returns_none", "exits_once")]
+    functions = ", ".join(f"{{name: '{name}'}}" for name in [*hostile, "hostile_rewards:by_characters"])
+    config = write_grpo_config(reward=f"{{functions: [{functions}]}}")  # timeout_s: the default
+
+    main(["--config", str(config)])
+
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    errors = {name: sum(r.get(f"reward/{name}/errors", 0) for r in rows) for name in hostile}
+    assert all(n > 0 for n in errors.values()), errors
+    assert errors["hostile_rewards:exits_once"] == 1  # then it returned 0.0
+    assert all(r["train/skipped"] == 0 for r in rows[1:])
+    assert not any(f"reward/{name}/timeouts" in r for r in rows for name in hostile)
+    children_left(15)  # actor processes take a moment to exit after their mesh is stopped
+    assert reward_workers(marker) == []

@@ -24,7 +24,7 @@ class TrainerSection(ForgeConfigModel):
     # false: no trainer process; the run only generates, scores and records rollouts for
     # max_steps batches (rollout-only debugging).
     enabled: bool = True
-    procs: int = 1
+    procs: int = Field(1, ge=1, description="trainer processes on each host")
     # Hosts the trainer spans, `procs` ranks on each (needs provisioner.hosts; which hosts:
     # provisioner.placement.TitanTrainer).
     hosts: int = Field(1, ge=1)
@@ -52,10 +52,10 @@ class ReferenceSection(ForgeConfigModel):
 
 class EvalConfig(ForgeConfigModel):
     every: int = Field(
-        10, ge=0, description="evaluate every N steps (0: never); also before step 1 and at the end"
+        10, ge=0, description="evaluate every N steps, before step 1 and at the end (0: never evaluate)"
     )
-    num_prompts: int = 200
-    max_tokens: int = 8
+    num_prompts: int = Field(200, ge=1)
+    max_tokens: int = Field(8, ge=1)
     reward_fn: RewardFnName = "exact_match"
 
 
@@ -66,8 +66,8 @@ class WarmStartConfig(ForgeConfigModel):
 
 
 class GRPOConfig(ForgeConfigModel):
-    seed: int = 0
-    max_steps: int = 100
+    seed: int = Field(0, ge=0)
+    max_steps: int = Field(100, ge=1)
     output_dir: str = "outputs/grpo"
     # Continue from the newest checkpoint in output_dir/checkpoints (see `checkpoint`).
     resume: bool = False

@@ -30,6 +30,7 @@ from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor
 from forge.actors.trainer import TitanTrainer
 from forge.config import config_to_dict, parse_args, save_config
+from forge.config.errors import ConfigError
 from forge.controller import get_provisioner, init_provisioner, shutdown, supervision
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.rewards import get_reward_fn
@@ -46,9 +47,21 @@ from forge.weight_sync import resolve_transport
 
 
 def ensure_warm_start(cfg: GRPOConfig) -> None:
-    """Runs the configured SFT recipe when the initial policy directory does not exist yet."""
+    """Runs the configured SFT recipe when the initial policy directory does not exist yet,
+    provided that the recipe exports to exactly that directory (a misspelled policy_path must
+    not retrain and re-export over the warm start that is there)."""
     if (Path(cfg.policy_path) / "config.json").exists() or cfg.warm_start.sft_config is None:
         return
+    from apps.sft.config import SFTConfig
+    from forge.config import load_config
+
+    sft = load_config(SFTConfig, cfg.warm_start.sft_config, cfg.warm_start.sft_overrides)
+    if sft.export_dir is None or Path(sft.export_dir).resolve() != Path(cfg.policy_path).resolve():
+        raise ValueError(
+            f"policy_path: no model at {cfg.policy_path}, and the warm start ({cfg.warm_start.sft_config}) "
+            f"exports to {sft.export_dir}, not there: fix policy_path, or point warm_start at an SFT "
+            "config that exports to it"
+        )
     print(f"no initial policy at {cfg.policy_path}: training it with SFT ({cfg.warm_start.sft_config}) first")
     command = [
         sys.executable,
@@ -126,7 +139,7 @@ async def _train(cfg: GRPOConfig) -> dict:
     env_actors = EnvironmentActor.options(num_replicas=cfg.env.replicas) if cfg.env else None
     dataset, generator, envs, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
         DatasetActor.as_actor(cfg.dataset),
-        generators.as_service(generator_cfg)
+        generators.as_service(generator_cfg, probe=cfg.generator.probe)
         if cfg.generator.replicas > 1
         else generators.as_actor(generator_cfg),
         (env_actors.as_service if cfg.env.replicas > 1 else env_actors.as_actor)(cfg.env.name, cfg.env.params)
@@ -165,6 +178,7 @@ async def _train(cfg: GRPOConfig) -> dict:
         envs,
         cfg.trajectory_limits,
         drop_truncated=cfg.env is not None and cfg.env.on_truncation == "drop",
+        deadline=cfg.generator.deadline,
     )
     eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
     actors = GRPOActors(dataset, rollouts, trainer, replay_buffer, reward, advantages, reference)
@@ -183,6 +197,7 @@ async def _train(cfg: GRPOConfig) -> dict:
         return await loops.run(progress)
     finally:
         await metric_logger.close()
+        await (await get_provisioner()).stop_supervisors()  # no replica is replaced any more
         await store.shutdown()
         if recorder is not None:
             recorder.close()
@@ -199,13 +214,13 @@ def stopped(cfg: GRPOConfig, reason: str) -> NoReturn:
 def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_args(GRPOConfig, argv, description="GRPO training with forge")
-    ensure_warm_start(cfg)
     try:
+        ensure_warm_start(cfg)
         if cfg.rollout.replay_from and not Path(cfg.rollout.replay_from).is_file():
             raise FileNotFoundError(f"rollout.replay_from: no rollout records at {cfg.rollout.replay_from}")
         check_run_inputs(cfg)
         checkpointer(cfg).check_start(cfg.resume)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     started = time.perf_counter()

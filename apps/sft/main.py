@@ -41,6 +41,7 @@ from forge.recipes.sft import (
     rank_values,
     split_for_ranks,
 )
+from forge.runs.storage import check_writable_dir
 
 
 def train_fields(row: dict) -> dict[str, str]:
@@ -177,15 +178,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # Inherited by the trainer processes, which start after this.
     threads = cfg.trainer.threads or max(1, (os.cpu_count() or 1) // cfg.trainer.procs)
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    engine = cfg.trainer.engine
     try:
         check_fresh_start(cfg)
+        check_writable_dir(cfg.run_dir, "run_dir")
         prepared = prepare_data(cfg.data, cfg.tokenizer_path, Path(cfg.run_dir))
         loader = build_sft_loader(prepared.config, prepared.data)
+        if engine.model.hf_path is None:  # a checkpoint brings its own vocabulary rows
+            engine.model.vocab_size = engine.model.vocab_size or len(prepared.tokenizer)
         check_model_section(
-            cfg.trainer.engine.model,
-            "trainer.engine.model",
-            len(prepared.tokenizer),
-            str(prepared.tokenizer_dir),
+            engine.model, "trainer.engine.model", len(prepared.tokenizer), str(prepared.tokenizer_dir)
         )
         generation_rows = None
         if cfg.generation_eval is not None:
@@ -200,9 +202,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(f"sft: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     # What the run really uses, so that config.yaml describes it completely.
-    engine = cfg.trainer.engine
-    if engine.model.hf_path is None:  # a checkpoint brings its own vocabulary rows
-        engine.model.vocab_size = engine.model.vocab_size or len(prepared.tokenizer)
     engine.checkpoint.folder = str(checkpoint_folder(cfg).resolve())
     save_config(cfg, Path(cfg.run_dir) / "config.yaml")
     print(data_line(cfg, prepared), flush=True)

@@ -7,17 +7,23 @@ call goes to an actor handle (`call_one`) or a service endpoint (`route`).
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from forge.actors.environment import ActorEnvironments
-from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError, routed, session_of
+from forge.controller.liveness import CallDeadline
+from forge.controller.service import (
+    NoHealthyReplicaError,
+    ReplicaFailedError,
+    call_within,
+    routed,
+    session_of,
+)
 from forge.data.types import Completion, Episode
 from forge.envs.rollout import TrajectoryLimits, run_groups
 from forge.envs.turns import TurnRenderer
@@ -30,7 +36,8 @@ from forge.rl.advantage import has_signal
 class Rollouts:
     """How dataset rows become groups of trajectories (``forge.envs.rollout``): the generator
     (actor or service), the chat template, and the environment actor (or service; None: one
-    turn per prompt). ``max_tokens`` bounds each model turn (``generator.sampling.max_tokens``)."""
+    turn per prompt). ``max_tokens`` bounds each model turn (``generator.sampling.max_tokens``);
+    each generate call must answer within ``deadline`` for the tokens it may sample."""
 
     generator: Any
     renderer: TurnRenderer
@@ -38,6 +45,7 @@ class Rollouts:
     envs: Any | None = None
     limits: TrajectoryLimits = TrajectoryLimits()
     drop_truncated: bool = False
+    deadline: CallDeadline = field(default_factory=CallDeadline)
 
     async def groups(
         self,
@@ -48,7 +56,20 @@ class Rollouts:
         max_tokens: int | None = None,
         **sampling: Any,
     ) -> list[list[Completion] | None]:
-        generate = functools.partial(routed(self.generator.generate_ids), min_version=min_version)
+        async def generate(prompt_ids, sample_keys, n: int, max_tokens: int, **sampling):
+            seconds = self.deadline.seconds(len(prompt_ids) * n * max_tokens)
+            return await call_within(
+                self.generator,
+                "generate_ids",
+                seconds,
+                prompt_ids,
+                sample_keys,
+                min_version=min_version,
+                n=n,
+                max_tokens=max_tokens,
+                **sampling,
+            )
+
         # A rollout's trajectories stay on one environment replica: it holds their state.
         async with session_of(self.envs):
             return await run_groups(
@@ -106,6 +127,15 @@ async def score_groups(
             ]
         )
     return scored
+
+
+def without_truncated(groups: list[list[Episode]]) -> list[list[Episode]]:
+    """The groups without their truncated trajectories (`env.on_truncation: drop`), counted in
+    `rollout/truncated_dropped`. Their advantages were computed with the whole group, so the
+    others' are what they would have been; a group left empty is dropped."""
+    kept = [[e for e in g if not e.completion.truncated] for g in groups]
+    record_metric("rollout/truncated_dropped", sum(map(len, groups)) - sum(map(len, kept)), Reduce.SUM)
+    return [g for g in kept if g]
 
 
 async def add_reference_logprobs(episodes: list[Episode], reference) -> None:
@@ -167,7 +197,7 @@ async def rollout_step(
     advantage everywhere: with `skip_groups_without_signal` it is not added (DAPO's dynamic
     sampling), and counted in `rollout/groups_skipped`. The caller waits for room in the buffer
     first (`wait_for_room`).
-    Groups lost with a generator or environment replica that died (after the service's retry), or
+    Groups lost with a generator or environment replica that died or hung (after the service's retry), or
     whose environment failed, are counted in `rollout/groups_failed`. With `drop_truncated`,
     truncated trajectories leave after their group's advantages are computed (counted in
     `rollout/truncated_dropped`). The `recorder` gets the groups that entered the buffer.
@@ -197,9 +227,7 @@ async def rollout_step(
         record_metric("rollout/response_len", e.response_len, Reduce.MEAN)
         record_metric("rollout/reward", e.reward, Reduce.MEAN)
     if rollouts.drop_truncated:
-        dropped = sum(e.completion.truncated for g in kept for e in g)
-        record_metric("rollout/truncated_dropped", dropped, Reduce.SUM)
-        kept = [[e for e in g if not e.completion.truncated] for g in kept]
+        kept = without_truncated(kept)
     episodes = [e for g in kept for e in g]
     if not episodes:
         return []
@@ -207,7 +235,7 @@ async def rollout_step(
         await add_reference_logprobs(episodes, reference)
     await routed(replay_buffer.add_many)(episodes)
     if recorder is not None:
-        recorder.record_groups([g for g in kept if g])
+        recorder.record_groups(kept)
     return [e.policy_version for e in episodes]
 
 

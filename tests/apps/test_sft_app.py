@@ -188,6 +188,19 @@ def test_config_mistakes_are_named(tmp_path, capsys):
     assert "data.batch_size (3) must be a multiple of the trainer's data-parallel size (2" in err
 
 
+def test_a_new_model_sized_otherwise_than_the_tokenizer_and_an_unwritable_run_dir(tmp_path, capsys):
+    small = ["data.embedded_task.num_train=64", "data.embedded_task.num_eval=8"]
+    run_dir = tmp_path / "run"
+    err = run_expecting_exit(capsys, f"run_dir={run_dir}", *small, "trainer.engine.model.vocab_size=128")
+    tokens = len(embedded_tokenizer())
+    assert f"trainer.engine.model.vocab_size is 128 but the tokenizer at {run_dir}" in err
+    assert f"has {tokens} tokens" in err and f"Set trainer.engine.model.vocab_size={tokens}" in err
+    assert not (run_dir / "checkpoints").exists()
+    (tmp_path / "a_file").write_text("")
+    err = run_expecting_exit(capsys, f"run_dir={tmp_path / 'a_file' / 'run'}", *small)
+    assert f"run_dir: cannot write to {tmp_path / 'a_file' / 'run'} (Not a directory)" in err
+
+
 def test_gpu_demo_warm_start_config_runs_two_steps(tmp_path):
     # As shipped (the `small` flavor included), shortened to 2 steps on a little data.
     config = TINY_CPU.parent / "gpu_demo.yaml"

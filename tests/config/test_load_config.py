@@ -19,7 +19,8 @@ class Optimizer(ForgeConfigModel):
 class Trainer(ForgeConfigModel):
     optimizer: Optimizer
     loss: Literal["grpo", "dapo", "gspo"] = "grpo"
-    max_grad_norm: float | None = None
+    # Infinity (no clipping) is a value here: a field must say so, other numbers are finite.
+    max_grad_norm: float | None = Field(default=None, allow_inf_nan=True)
     steps: int = Field(default=100, gt=0)
 
 
@@ -132,6 +133,20 @@ def test_wrong_type_names_path_value_and_expected_type(tmp_path):
 def test_constraint_violation_uses_pydantic_sentence_with_the_value(tmp_path):
     assert problems_of(RunConfig, write(tmp_path, VALID), ["trainer.steps=0"]) == [
         "command-line override 'trainer.steps=0': trainer.steps: Input should be greater than 0, got 0 (int)"
+    ]
+
+
+def test_nan_and_infinity_are_refused_where_a_field_does_not_allow_them(tmp_path):
+    path = write(tmp_path, VALID)
+    assert problems_of(RunConfig, path, ["trainer.optimizer.lr=nan", "rewards[1].weight=-inf"]) == [
+        "command-line override 'trainer.optimizer.lr=nan': trainer.optimizer.lr: Input should be a finite "
+        "number, got 'nan' (str)",
+        "command-line override 'rewards[1].weight=-inf': rewards[1].weight: Input should be a finite "
+        "number, got '-inf' (str)",
+    ]
+    text = VALID.replace("weight: 2.0", "weight: .nan")
+    assert problems_of(RunConfig, write(tmp_path, text, "nan.yaml")) == [
+        f"{tmp_path / 'nan.yaml'}:11: rewards[1].weight: Input should be a finite number, got nan (float)"
     ]
 
 

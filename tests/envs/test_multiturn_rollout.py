@@ -27,6 +27,7 @@ from forge.envs.sessions import LocalEnvironments
 from forge.envs.turns import TurnRenderer
 from forge.rl.batch import PolicyBatch
 from forge.rl.ops import compute_logprobs
+from forge.rollout import without_truncated
 
 TOKENIZER = embedded_tokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -96,17 +97,19 @@ def trainer_model(model_dir):
 
 
 class RecordingGenerate:
-    """The engine behind `run_groups`, remembering every sample by the ids it continued."""
+    """The engine behind `run_groups`, remembering every sample by the ids it continued. Each call
+    reports the next policy version from 7, as if new weights arrived between turns (async mode)."""
 
     def __init__(self, engine, **sampling):
-        self.engine, self.sampling, self.sampled = engine, sampling, {}
+        self.engine, self.sampling, self.sampled, self.calls = engine, sampling, {}, 0
 
     async def __call__(self, prompt_ids, sample_keys, n, **overrides):
         params = SamplingParams(n=n, seed=0, **{**self.sampling, **overrides})
         outputs = self.engine.generate(prompt_ids, params, sample_keys)
         for ids, group in zip(prompt_ids, outputs, strict=True):
             self.sampled.setdefault(tuple(ids), []).extend(group)
-        return to_completions([""] * len(prompt_ids), prompt_ids, outputs, TOKENIZER, 7)
+        self.calls += 1
+        return to_completions([""] * len(prompt_ids), prompt_ids, outputs, TOKENIZER, 6 + self.calls)
 
 
 def rollout(generate, max_tokens=5, limits=TrajectoryLimits(max_turns=6, max_tokens=SEQ_LEN), env=SCRIPTED):
@@ -140,7 +143,7 @@ def test_trainer_reads_the_sampled_ids_with_the_environment_ids_between_them(eng
         assert len(group) == 3
         for completion in group:
             # Rebuild the trajectory from what the engine sampled and what the template renders.
-            sequence, mask, turn = list(completion.prompt_ids), [], 0
+            sequence, mask, versions, turn = list(completion.prompt_ids), [], [], 0
             assert sequence == TOKENIZER.encode(row["prompt"])  # <bos> + the prompt's characters
             while True:
                 samples = generate.sampled[tuple(sequence)]
@@ -151,14 +154,18 @@ def test_trainer_reads_the_sampled_ids_with_the_environment_ids_between_them(eng
                 ]
                 sequence += sample.token_ids
                 mask += [1] * len(sample.token_ids)
+                versions += [7 + turn] * len(sample.token_ids)  # turn k was sampled by version 7 + k - 1
                 turn += 1
                 if turn == 4:
                     break
                 env_ids = expected_environment_ids(sample.token_ids, f"<result>{turn}</result>")
                 sequence += env_ids
                 mask += [0] * len(env_ids)
+                versions += [versions[-1]] * len(env_ids)
             assert completion.prompt_ids + completion.response_ids == sequence
             assert completion.response_mask == mask
+            # Every token records its version; staleness is measured by the oldest.
+            assert completion.token_versions == versions and completion.policy_version == 7
             assert [t.role for t in completion.turns] == ["assistant", "tool"] * 3 + ["assistant"]
             assert completion.env_reward == pytest.approx(1.75)
             assert not completion.truncated
@@ -265,3 +272,21 @@ def test_one_turn_without_environment_is_what_the_engine_sampled(engine):
         [r["prompt"] for r in ROWS], prompts, engine.generate(prompts, params, [3, 9]), TOKENIZER, 7
     )
     assert groups == direct  # no mask, turns or versions: the plain completions
+
+
+def test_dropping_truncated_trajectories_keeps_the_others_advantages(engine):
+    # Two turns to end on the stop string: some trajectories do, the others are truncated.
+    generate = RecordingGenerate(engine, temperature=1.0, stop=[">"])
+    limits = TrajectoryLimits(max_turns=2, max_tokens=SEQ_LEN)
+    groups = rollout(generate, max_tokens=12, limits=limits, env=f"{__name__}:EndsOnStopString")
+    scored = [
+        [Episode(c, "t", f"g{g}", advantage=float(i)) for i, c in enumerate(group)]
+        for g, group in enumerate(groups)
+    ]
+    kept = without_truncated(scored)
+    truncated = [e for g in scored for e in g if e.completion.truncated]
+    assert truncated and len(truncated) < sum(map(len, scored)), "pick another seed: nothing to tell apart"
+    assert [e for g in kept for e in g] == [e for g in scored for e in g if not e.completion.truncated]
+    assert all(kept)  # a group left empty is gone
+    # The episodes kept carry the advantages computed with their whole group.
+    assert all(e.advantage == float(scored[int(e.group_id[1:])].index(e)) for g in kept for e in g)

@@ -1,8 +1,15 @@
 """Bad input to the GRPO app fails at start-up with a message naming what to fix."""
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 from apps.grpo.main import main
+from processes import children_left
 from startup_errors import startup_error
+
+from forge.data.tokenizer import embedded_tokenizer
 
 
 def run_expecting_exit(capsys, argv) -> str:
@@ -103,3 +110,181 @@ def test_existing_checkpoints_need_resume(write_grpo_config, tmp_path, capsys):
     (complete / "run_state.pt").write_bytes(b"")
     err = run_expecting_exit(capsys, ["--config", str(write_grpo_config())])
     assert "already holds checkpoints (newest: step_00000004): pass resume=true" in err
+
+
+def test_an_export_over_the_starting_model_is_refused(write_grpo_config, tiny_policy, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(tiny_policy, out / "export")
+    before = sorted(p.name for p in (out / "export").iterdir())
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), f"policy_path={out / 'export'}", f"output_dir={out}"]
+    )
+    assert f"the run exports to {out / 'export'}, which would overwrite policy_path" in err
+    assert sorted(p.name for p in (out / "export").iterdir()) == before
+
+
+def test_a_misspelled_policy_path_does_not_retrain_the_warm_start(write_grpo_config, tmp_path, capsys):
+    sft = tmp_path / "sft.yaml"
+    sft.write_text(
+        f"run_dir: {tmp_path / 'sft'}\nexport_dir: {tmp_path / 'sft' / 'export'}\nmax_steps: 1\n"
+        "data: {embedded_task: {num_train: 8, num_eval: 2}}\n"
+    )
+    typo = tmp_path / "sft" / "exprt"
+    err = run_expecting_exit(
+        capsys,
+        ["--config", str(write_grpo_config()), f"policy_path={typo}", f"warm_start.sft_config={sft}"],
+    )
+    assert f"no model at {typo}, and the warm start ({sft}) exports to {tmp_path / 'sft' / 'export'}" in err
+    assert not (tmp_path / "sft").exists()  # nothing was trained
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b'{"prompt": "1+1=", "target": "2"}\n{"prompt": "2+2=", "target": \n', "line 2: not a JSON object"),
+        (
+            b'{"prompt": "1+1=", "target": "2"}\n{"prompt": "\xff\xfe", "target": "4"}\n',
+            "line 2: not UTF-8 text",
+        ),
+        (b'{"prompt": "1+1=", "target": "2"}\n[1, 2]\n', "line 2: a row is a JSON object, got list"),
+    ],
+)
+def test_a_malformed_dataset_file_names_file_and_line(write_grpo_config, tmp_path, capsys, content, expected):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(content)
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "dataset.source=file", f"dataset.path={rows}"]
+    )
+    assert f"{rows}, {expected}" in err
+
+
+def test_a_missing_dataset_file_is_not_looked_up_on_the_hub(write_grpo_config, capsys):
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "dataset.source=file", "dataset.path=data/nope.jsonl"]
+    )
+    assert "data/nope.jsonl: no such file or folder" in err and "hf://NAME" in err
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("max_steps=-5", "max_steps"),
+        ("replay_buffer.batch_size=0", "replay_buffer.batch_size"),
+        ("replay_buffer.max_policy_age=-1", "replay_buffer.max_policy_age"),
+        ("eval.num_prompts=0", "eval.num_prompts"),
+    ],
+)
+def test_out_of_range_numbers_are_refused_before_start_up(write_grpo_config, capsys, override, key):
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), override])
+    assert key in err
+
+
+def refused_before_start(capsys, config, *overrides: str) -> str:
+    """The refusal's message, checked to be one line that comes before the run made anything:
+    the run writes output_dir/config.yaml before it starts a process."""
+    err = run_expecting_exit(capsys, ["--config", str(config), *overrides])
+    message = err.split("error: ", 1)[1].rstrip("\n")  # after the `datasets` progress bars, if any
+    assert "\n" not in message, err
+    assert not (config.parent / "run" / "config.yaml").exists(), "the run started"
+    return message
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "reward.functions=[{name: toy_task, weight: nan}]",
+            "reward.functions[0].weight: Input should be a finite number, got 'nan'",
+        ),
+        ("trainer.engine.optimizer.lr=inf", "trainer.engine.optimizer.lr: Input should be a finite number"),
+        (
+            "trainer.engine.optimizer.betas=[0.9,1.0]",
+            "trainer.engine.optimizer.betas[1]: Input should be less than 1",
+        ),
+        ("trainer.loss.params.beta=nan", "beta: Input should be a finite number"),
+        ("reward.error_reward=-inf", "reward.error_reward: Input should be a finite number"),
+        ("trainer.procs=0", "trainer.procs: Input should be greater than or equal to 1"),
+        ("seed=-1", "seed: Input should be greater than or equal to 0"),
+        (
+            "generator.sampling.stop_token_ids=[-1]",
+            "generator.sampling.stop_token_ids[0]: Input should be greater",
+        ),
+    ],
+)
+def test_non_finite_and_out_of_range_settings_are_refused(write_grpo_config, capsys, override, expected):
+    assert expected in refused_before_start(capsys, write_grpo_config(), override)
+
+
+@pytest.mark.parametrize(
+    ("second_row", "column", "says"),
+    [
+        ('{"target": "4"}', "prompt", "the prompt is missing or null"),
+        ('{"prompt": null, "target": "4"}', "prompt", "the prompt is missing or null"),
+        ('{"prompt": "2+2="}', "target", "the target is missing or null"),
+        ('{"prompt": "2+2=", "target": null}', "target", "the target is missing or null"),
+    ],
+)
+def test_a_row_without_a_prompt_or_target_names_file_row_and_column(
+    write_grpo_config, tmp_path, capsys, second_row, column, says
+):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1=", "target": "2"}\n' + second_row + "\n")
+    err = refused_before_start(capsys, write_grpo_config(), "dataset.source=file", f"dataset.path={rows}")
+    assert f"{rows}: row 1, column '{column}': {says}" in err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["trainer.engine.model.vocab_size=128"], "trainer.engine.model.vocab_size is 128"),
+        (["~trainer.engine.model.vocab_size"], "trainer.engine.model.flavor 'tiny' has vocab_size 128"),
+    ],
+)
+def test_a_new_model_with_more_rows_than_tokens_is_refused(
+    write_grpo_config, tiny_policy, capsys, overrides, named
+):
+    # No hf_path: the trainer's model is built from its flavor, with random embedding rows.
+    err = refused_before_start(capsys, write_grpo_config(), "~trainer.engine.model.hf_path", *overrides)
+    tokens = len(embedded_tokenizer())
+    assert f"{named} but the tokenizer at {tiny_policy} has {tokens} tokens" in err
+    assert f"decode to nothing. Set trainer.engine.model.vocab_size={tokens}" in err
+
+
+def test_an_output_dir_that_cannot_be_written_is_refused(write_grpo_config, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "a_file" / "run"
+    err = refused_before_start(capsys, write_grpo_config(), f"output_dir={out}")
+    assert f"output_dir: cannot write to {out} (Not a directory)" in err and "resume=true" in err
+    if Path("/sys/kernel").is_dir():  # an existing folder that not even root can write to
+        err = refused_before_start(capsys, write_grpo_config(), "output_dir=/sys/kernel")
+        assert "output_dir: cannot write to /sys/kernel (Permission denied)" in err
+
+
+def test_eval_every_0_never_evaluates_and_writes_no_nan(write_grpo_config, tmp_path):
+    # No eval set at all: with eval.every=0 none is needed, and none may be scored (an empty
+    # set's accuracy is NaN).
+    out = tmp_path / "run"
+    history = main(
+        [
+            "--config",
+            str(write_grpo_config()),
+            "eval.every=0",
+            "dataset.toy_task.num_eval=0",
+            "max_steps=2",
+            f"metrics.tensorboard_dir={out / 'tensorboard'}",
+        ]
+    )
+    assert history["eval_accuracy"] == []
+    text = (out / "metrics.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]  # no eval before step 1
+    assert [key for row in rows for key in row if key.startswith("eval/") or row[key] is None] == []
+    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert records and not any(record["eval"] for record in records)
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    events = accumulator.EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss/pg")] == [1, 2]
+    assert not [tag for tag in events.Tags()["scalars"] if tag.startswith("eval/")]
+    assert children_left(15) == []

@@ -1,5 +1,6 @@
-"""Durable GRPO runs, end to end with real actors: bad values, hung rewards and a killed
-generator replica (replaced) cost nothing, checkpoints and the export are complete, a dead
+"""Durable GRPO runs, end to end with real actors: bad values, hung rewards, a killed generator
+replica and one that hangs while alive (both replaced) cost nothing, a lone generator that hangs
+stops the run by name, checkpoints and the export are complete, a dead
 trainer stops the run by name, and a killed run resumes to the same numbers: those of the
 serial recipe, which the app in sync mode equals step for step."""
 
@@ -25,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from forge.actors.generator import GeneratorConfig, build_generation_engine
 from forge.config import load_config
 from forge.engines.generation import SamplingParams
+from forge.observability.rollouts import batches_path, read_records
 from forge.recipes.grpo_serial import grpo_serial
 
 # Reward functions run in the reward actor's process (and its worker), which imports them
@@ -67,29 +69,39 @@ def total(rows: list[dict], key: str) -> float:
     return sum(r.get(key, 0.0) for r in rows)
 
 
-def kill_a_generator_replica_once_training_starts(metrics: Path, killed: list[int]) -> threading.Thread:
-    """Kills one of this run's two generator replicas once the first metrics row (step 0's
-    eval) is written, while the first rollouts run."""
+def wait_for_rows(metrics: Path, count: int, timeout: float = 600) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= count:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def kill_one_generator_replica_and_stop_the_other(metrics: Path, faulted: list[int]) -> threading.Thread:
+    """Once the first metrics row (step 0's eval) is written, while the first rollouts run:
+    kills one of this run's two generator replicas and stops the other (SIGSTOP: alive,
+    answering nothing). The run can go on only once both are replaced."""
     app_pid = os.getpid()
 
-    def kill() -> None:
-        deadline = time.time() + 600
-        while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
-            time.sleep(0.1)
+    def fault() -> None:
+        if not wait_for_rows(metrics, 1):
+            return
         replicas = actor_processes(app_pid, "Generator")[-2:]  # this run's two replicas
         if len(replicas) == 2:
             replicas[0].send_signal(signal.SIGKILL)
-            killed.append(replicas[0].pid)
+            replicas[1].send_signal(signal.SIGSTOP)
+            faulted.extend(r.pid for r in replicas)
 
-    killer = threading.Thread(target=kill, daemon=True)
-    killer.start()
-    return killer
+    thread = threading.Thread(target=fault, daemon=True)
+    thread.start()
+    return thread
 
 
 def test_faults_cost_nothing_and_the_run_checkpoints_and_exports(
     write_grpo_config, tiny_policy, tmp_path, rewards_module
 ):
-    """A hung reward, infinite rewards and a killed generator replica, in one run."""
+    """A hung reward, infinite rewards, a killed generator replica and a hung one, in one run."""
     hang, inf = f"{rewards_module}:hangs_once", f"{rewards_module}:inf_on_even_length"
     config = write_grpo_config(
         reward=f"{{timeout_s: 1.0, functions: [{{name: toy_task}}, {{name: '{hang}', weight: 0.0}}, "
@@ -97,18 +109,31 @@ def test_faults_cost_nothing_and_the_run_checkpoints_and_exports(
         checkpoint="{every: 2, keep: 1}",
     )
     run = tmp_path / "run"
-    killed: list[int] = []
-    killer = kill_a_generator_replica_once_training_starts(run / "metrics.jsonl", killed)
+    faulted: list[int] = []
+    faults = kill_one_generator_replica_and_stop_the_other(run / "metrics.jsonl", faulted)
+    liveness = ["generator.deadline.base_s=20", "generator.probe.every_s=1", "generator.probe.timeout_s=5"]
     history = main(
-        ["--config", str(config), "replay_buffer.max_size=8", "generator.replicas=2", "max_steps=5"]
+        [
+            "--config",
+            str(config),
+            "replay_buffer.max_size=8",
+            "generator.replicas=2",
+            "max_steps=5",
+            *liveness,
+        ]
     )
-    killer.join(timeout=5)
-    assert killed, "no generator replica was killed"
+    faults.join(timeout=5)
+    assert len(faulted) == 2, "the generator replicas were not both faulted"
+    # The stopped replica missed a deadline or a probe: it was killed, not left stopped.
+    assert not psutil.pid_exists(faulted[1]) or psutil.Process(faulted[1]).status() == psutil.STATUS_ZOMBIE
     # Shutdown stopped the service before its replicas: no replacement started as they stopped.
     assert children_left(15) == []
     rows = read_rows(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
     assert [s for s, _ in history["eval_accuracy"]] == [0, 1, 2, 3, 4, 5]
+    # The stopped replica was found hung (the killed one may be too: its death can be reported
+    # after its probe times out).
+    assert total(rows, "service/Generator/hung") >= 1
 
     # The hung call timed out once and was counted; the inf rewards were errors, never rewards.
     assert total(rows, f"reward/{hang}/timeouts") == 1
@@ -134,20 +159,48 @@ def test_faults_cost_nothing_and_the_run_checkpoints_and_exports(
     assert len(sample.token_ids) >= 1
 
 
+def test_a_lone_generator_that_hangs_stops_the_run_by_name(write_grpo_config, tmp_path, capsys):
+    """One generator (nothing to replace it) stopped by SIGSTOP: the next call to it (a generate,
+    or a checkpoint's RNG query) misses its deadline, its process is killed, and the run stops
+    naming it and the checkpoint."""
+    run = tmp_path / "run"
+    config = write_grpo_config(checkpoint="{every: 1, keep: 1}")
+    hung: list[int] = []
+
+    def stop_the_generator() -> None:
+        if wait_for_rows(run / "metrics.jsonl", 3):  # step 1 trained and checkpointed
+            [generator] = actor_processes(os.getpid(), "Generator")[-1:]
+            generator.send_signal(signal.SIGSTOP)
+            hung.append(generator.pid)
+
+    thread = threading.Thread(target=stop_the_generator, daemon=True)
+    thread.start()
+    with pytest.raises(SystemExit) as stopped:
+        main(["--config", str(config), "max_steps=100", "generator.deadline.base_s=10"])
+    thread.join(timeout=5)
+    assert stopped.value.code == 1 and hung
+    err = capsys.readouterr().err
+    assert re.search(r"error: actor Generator_\d+ hung: no answer to \w+\(\) within 10 s", err), err
+    assert re.search(r"newest checkpoint: \S+/step_\d{8} \(continue with resume=true\)", err), err
+    assert children_left(15) == []  # the stopped process was killed, the others stopped
+
+
 def actor_processes(app_pid: int, name: str) -> list[psutil.Process]:
-    """The app's live actor processes of meshes launched as `name`, newest mesh last (Monarch
-    names each process after its mesh, `<name>_<n>`; an earlier run's may still be exiting)."""
-    found = []
+    """The app's live actor processes of meshes launched as `name`, one per mesh, newest mesh
+    last (Monarch names each process after its mesh, `<name>_<n>`, and the processes an actor
+    starts inherit that name; an earlier run's may still be exiting)."""
+    found = {}
     for child in psutil.Process(app_pid).children(recursive=True):
         try:
             process_name = child.environ().get("HYPERACTOR_PROCESS_NAME", "")
             if child.status() != psutil.STATUS_ZOMBIE and (
                 m := re.match(rf"{name.lower()}_(\d+)-", process_name)
             ):
-                found.append((int(m.group(1)), child))
+                found[child.pid] = (int(m.group(1)), child)
         except psutil.Error:
             continue
-    return [child for _, child in sorted(found, key=lambda item: item[0])]
+    actors = [(n, child) for n, child in found.values() if child.ppid() not in found]
+    return [child for _, child in sorted(actors, key=lambda item: item[0])]
 
 
 # The app in sync mode: with max_policy_age 0, one rollout loop and a seed, the actor pipeline
@@ -217,6 +270,18 @@ def test_a_killed_trainer_names_itself_and_the_resumed_run_equals_the_serial_rec
     main([*argv, "resume=true"])
     resumed = read_rows(killed / "m.jsonl")
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]  # step 0 (the initial eval), no repeats, no gaps
+    # The record files continue across the resume: one batch record per step, each of its
+    # episodes recorded exactly once, records in step order (the killed run's after step 2 dropped).
+    records = list(read_records(killed / "rollouts.jsonl"))
+    batches = list(read_records(batches_path(killed / "rollouts.jsonl")))
+    assert len(batches) == 4
+    recorded = [r["episode_id"] for r in records if not r["eval"]]
+    assert len(recorded) == len(set(recorded))
+    assert all(i in set(recorded) for b in batches for rank in b["episode_ids"] for i in rank)
+    steps = [r["step"] for r in records]
+    assert steps == sorted(steps) and set(steps) <= {0, 1, 2, 3, 4}
+    eval_steps = [r["step"] for r in records if r["eval"]]
+    assert [eval_steps.count(step) for step in range(5)] == [8] * 5  # eval.num_prompts answers a step
     assert len({r["train/loss"] for r in expected[1:]}) == 4  # the comparison below is not of constants
     for want, got in zip(expected, resumed, strict=True):
         for key in COMPARED if want["step"] else ("eval/accuracy",):

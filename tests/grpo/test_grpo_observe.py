@@ -135,9 +135,10 @@ def test_rollout_only_mode_generates_and_records(grpo_config_factory):
     config = grpo_config_factory()
     history = main(["--config", str(config), "trainer.enabled=false", "max_steps=2", "eval.every=0"])
     run_dir = config.parent / "run"
-    assert [s for s, _ in history["eval_accuracy"]] == [0]  # eval.every=0: the initial eval only
+    assert history["eval_accuracy"] == []  # eval.every=0: no eval at all
     rows = metric_rows(run_dir)
-    assert [r["step"] for r in rows] == [0, 1, 2] and "train/loss" not in rows[-1]
+    assert [r["step"] for r in rows] == [1, 2] and "train/loss" not in rows[-1]
+    assert not any("eval/accuracy" in r for r in rows)
     records = [r for r in read_records(run_dir / "rollouts.jsonl") if not r["eval"]]
     assert len(records) >= 16 and {r["policy_version"] for r in records} == {0}
 

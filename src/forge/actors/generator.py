@@ -39,6 +39,7 @@ from pydantic import Field, model_validator
 
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
+from forge.controller.liveness import CallDeadline, Probe
 from forge.data.chat_prompts import ChatTemplateSetting, Prompt, PromptRenderer, RenderedPrompt
 from forge.data.types import Completion
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams, sample_seed, to_completions
@@ -71,6 +72,11 @@ class GeneratorConfig(ForgeConfigModel):
     # Compare an exact checksum of every received version with the trainer's (costs one pass
     # over the weights on each side per sync; for debugging a transport).
     verify_weights: bool = False
+    # Liveness (forge.controller.liveness): a generate call that misses its deadline, or an idle
+    # replica that misses a probe, has hung: it is killed and replaced (replicas > 1), or the
+    # run stops naming it.
+    deadline: CallDeadline = CallDeadline()
+    probe: Probe = Probe()
 
     @model_validator(mode="after")
     def _room_for_samples(self) -> GeneratorConfig:

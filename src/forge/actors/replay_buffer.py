@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from monarch.actor import endpoint
 
 from forge.controller import ForgeActor
 from forge.data.episode_buffer import EpisodeBuffer, ReplayBufferConfig
 from forge.data.types import Episode
+from forge.observability.jsonl import JsonlAppender
 from forge.rl.batch import PolicyBatch
 
 
@@ -22,10 +20,8 @@ class ReplayBuffer(ForgeActor):
     ):
         self.buffer = EpisodeBuffer(cfg, dp_size)
         self.pad_id = pad_id
-        self._batches_file = None
-        if batches_path is not None:
-            Path(batches_path).parent.mkdir(parents=True, exist_ok=True)
-            self._batches_file = Path(batches_path).open("w", encoding="utf-8")
+        # Appended across resumes (a resume first drops the rows after its checkpoint).
+        self._batches_file = JsonlAppender(batches_path) if batches_path is not None else None
 
     @endpoint
     async def add(self, episode: Episode) -> None:
@@ -44,10 +40,7 @@ class ReplayBuffer(ForgeActor):
             return None
         if self._batches_file is not None:
             ids = [[ep.episode_id for ep in episodes] for episodes in per_rank]
-            self._batches_file.write(
-                json.dumps({"policy_version": curr_policy_version, "episode_ids": ids}) + "\n"
-            )
-            self._batches_file.flush()
+            self._batches_file.write({"policy_version": curr_policy_version, "episode_ids": ids})
         return [PolicyBatch.from_episodes(episodes, self.pad_id) for episodes in per_rank]
 
     @endpoint

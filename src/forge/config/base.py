@@ -8,7 +8,9 @@ class ForgeConfigModel(BaseModel):
 
     `extra="forbid"` is what turns a misspelled key into a start-up error instead of a
     silently ignored setting; `validate_assignment` keeps code that edits a loaded config
-    from bypassing the checks.
+    from bypassing the checks. `allow_inf_nan=False`: no setting takes NaN or infinity (a NaN
+    reward weight or learning rate would only show as a run that learns nothing); a field
+    where infinity means something must say so with `Field(allow_inf_nan=True)`.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)

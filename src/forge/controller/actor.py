@@ -11,13 +11,19 @@ launching is the class's job:
 from __future__ import annotations
 
 import itertools
+import logging
+import os
 import random
+import socket
 from typing import Any
 
 from monarch.actor import Actor, endpoint
 
 from forge.controller import supervision
+from forge.controller.liveness import Probe
 from forge.controller.provisioner import get_provisioner
+
+logger = logging.getLogger(__name__)
 
 _OPTION_NAMES = ("procs", "hosts", "with_gpus", "gpu_group", "num_replicas", "mesh_name")
 _spawn_counter = itertools.count()
@@ -37,6 +43,11 @@ class ForgeActor(Actor):
     @endpoint
     async def setup(self) -> None:
         """Runs once after construction on every rank (load a model, connect to the store...)."""
+
+    @endpoint
+    async def process(self) -> tuple[str, int]:
+        """(host name, pid) of this process: how a hung actor is killed, and a health probe."""
+        return socket.gethostname(), os.getpid()
 
     @endpoint
     async def rng_state(self) -> dict[str, Any]:
@@ -96,6 +107,7 @@ class ForgeActor(Actor):
         try:
             actor = mesh.spawn(name, cls._actor_class(), *args, **kwargs)
             await actor.setup.call()
+            provisioner.note_processes(mesh, list((await actor.process.call()).values()))
         except BaseException:
             await provisioner.stop_proc_mesh(mesh)
             raise
@@ -104,16 +116,20 @@ class ForgeActor(Actor):
     @classmethod
     async def as_actor(cls, *args: Any, **kwargs: Any):
         """Spawns the actor on its own proc mesh, runs `setup`, returns the actor handle."""
-        mesh, actor = await cls.launch(cls._unique_name(), *args, **kwargs)
-        _meshes_of_actors[id(actor)] = (actor, mesh)
+        name = cls._unique_name()
+        mesh, actor = await cls.launch(name, *args, **kwargs)
+        _meshes_of_actors[id(actor)] = (actor, mesh, name)
         return actor
 
     @classmethod
-    async def as_service(cls, *args: Any, routing: str = "round_robin", **kwargs: Any):
-        """Starts `num_replicas` copies, each on its own mesh, behind one `Service` handle."""
+    async def as_service(
+        cls, *args: Any, routing: str = "round_robin", probe: Probe | None = None, **kwargs: Any
+    ):
+        """Starts `num_replicas` copies, each on its own mesh, behind one `Service` handle;
+        with `probe`, idle replicas that stop answering are replaced (forge.controller.liveness)."""
         from forge.controller.service import Service
 
-        service = Service(cls, args, kwargs, num_replicas=cls.num_replicas, routing=routing)
+        service = Service(cls, args, kwargs, num_replicas=cls.num_replicas, routing=routing, probe=probe)
         await service.start()
         return service
 
@@ -132,5 +148,14 @@ class ForgeActor(Actor):
         await provisioner.stop_proc_mesh(entry[1])
 
 
-# id(actor handle) -> (handle, mesh); the handle is kept so its id cannot be reused.
-_meshes_of_actors: dict[int, tuple[Any, Any]] = {}
+async def kill_actor(handle) -> str:
+    """Kills the processes of an actor returned by `as_actor` that hung (it is stopped with the
+    others at shutdown); its death is expected, so supervision only logs it. Returns its name."""
+    _, mesh, name = _meshes_of_actors[id(handle)]
+    supervision.register(name, lambda report: logger.info("%s was killed after it hung", name))
+    (await get_provisioner()).kill_proc_mesh(mesh)
+    return name
+
+
+# id(actor handle) -> (handle, mesh, name); the handle is kept so its id cannot be reused.
+_meshes_of_actors: dict[int, tuple[Any, Any, str]] = {}

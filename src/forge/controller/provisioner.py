@@ -37,6 +37,7 @@ from forge import monarch_env
 from forge.config import ForgeConfigModel
 from forge.controller import supervision
 from forge.controller.hosts import HOST_AGENT_NAME, STORE_MESH_NAME, AttachedHosts, parse_worker_address
+from forge.controller.liveness import kill_processes
 from forge.controller.seeding import mesh_seed, seed_global_rngs
 from forge.observability.logger import FETCHER_MESH_NAME, register_mesh, unregister_mesh
 
@@ -111,6 +112,8 @@ class _MeshRecord:
     host_gpus: list[list[str]] = field(default_factory=list)
     where: list[dict] = field(default_factory=list)
     metrics: bool = True
+    # (host name, pid) of each process, once its actor answered (`note_processes`).
+    processes: list[tuple[str, int]] = field(default_factory=list)
 
 
 def _free_port() -> int:
@@ -309,6 +312,19 @@ class Provisioner:
         gpus, self._free_gpus = self._free_gpus[:procs], self._free_gpus[procs:]
         return gpus
 
+    def note_processes(self, mesh: ProcMesh, processes: list[tuple[str, int]]) -> None:
+        """Records where `mesh`'s processes run, (host name, pid) each, for `kill_proc_mesh`."""
+        record = next((r for r in self._meshes if r.mesh is mesh), None)
+        if record is not None:
+            record.processes = list(processes)
+
+    def kill_proc_mesh(self, mesh: ProcMesh) -> None:
+        """SIGKILLs `mesh`'s processes (one that hangs cannot be stopped politely); supervision
+        then reports their death, and `stop_proc_mesh` still has to forget the mesh."""
+        record = next((r for r in self._meshes if r.mesh is mesh), None)
+        if record is not None:
+            kill_processes(record.processes, record.name)
+
     async def stop_proc_mesh(self, mesh: ProcMesh) -> None:
         record = next((r for r in self._meshes if r.mesh is mesh), None)
         if record is None:
@@ -333,12 +349,17 @@ class Provisioner:
         if stop in self._supervisors:
             self._supervisors.remove(stop)
 
+    async def stop_supervisors(self) -> None:
+        """Stops the services (their replicas with them): call it before stopping what their
+        replacements would need, such as the weight store."""
+        for stop in reversed(list(self._supervisors)):
+            await stop()
+
     async def shutdown(self) -> None:
         """Stops the supervisors (so that none replaces a replica as it stops), then every
         mesh at once: each stop waits about a second for its process to exit, and nothing
         runs on the actors any more that could need another mesh."""
-        for stop in reversed(list(self._supervisors)):
-            await stop()
+        await self.stop_supervisors()
         await asyncio.gather(*(self.stop_proc_mesh(record.mesh) for record in list(self._meshes)))
 
 

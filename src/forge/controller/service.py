@@ -8,9 +8,14 @@
 
 When a replica's process dies, Monarch's supervision tells the service (see
 `supervision.py`); the replica is marked unhealthy at once, a request in flight on it is
-retried once on a healthy replica, and the health loop replaces it with a fresh mesh
+retried on a healthy replica (once per replica, waiting for a replacement when none is
+left), and the health loop replaces it with a fresh mesh
 (`setup` runs again). An exception raised by the endpoint itself is the caller's, not a
 replica failure: it propagates and is not retried.
+
+A replica that hangs while alive is made a dead one (forge.controller.liveness): a call made
+with a deadline (`call_within`) that it misses, or a probe of an idle replica that it does not
+answer, has its processes killed, and the above follows.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import itertools
 import logging
 import time
@@ -27,12 +33,17 @@ from typing import Any
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
 from forge.controller import supervision
+from forge.controller.actor import kill_actor
+from forge.controller.liveness import ActorHungError, Probe
 from forge.controller.provisioner import get_provisioner
 from forge.observability import Reduce, record_metric
 
 logger = logging.getLogger(__name__)
 
 ROUTINGS = ("round_robin", "least_loaded")
+# How long a call waits, while every replica is being replaced, for one to be back (a vLLM
+# replica's cold start on a GPU takes about two minutes).
+REPLACEMENT_WAIT_S = 600.0
 
 
 class ReplicaFailedError(RuntimeError):
@@ -53,6 +64,7 @@ class Replica:
     inflight: int = 0
     served: int = 0
     failures: int = 0
+    probing: bool = False
     failed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def mark_failed(self, reason: str) -> None:
@@ -65,6 +77,10 @@ class Replica:
         self.failed.set()
 
 
+def _replaced_replica_failed(name: str, report: str) -> None:
+    logger.info("replica %s, already replaced, ended: %s", name, report.splitlines()[0] if report else "")
+
+
 # Service id -> replica index that calls inside `session()` stick to.
 _sticky: contextvars.ContextVar[dict[int, int] | None] = contextvars.ContextVar("forge_sticky", default=None)
 
@@ -72,6 +88,22 @@ _sticky: contextvars.ContextVar[dict[int, int] | None] = contextvars.ContextVar(
 def routed(endpoint):
     """How to call `endpoint` once: `route` for a service's endpoint, `call_one` for an actor's."""
     return endpoint.route if hasattr(endpoint, "route") else endpoint.call_one
+
+
+async def call_within(handle, endpoint: str, seconds: float, *args: Any, **kwargs: Any) -> Any:
+    """`endpoint(*args, **kwargs)` on an actor or a service, answered within `seconds`. A service
+    replica that misses it is killed and replaced, and the call retried elsewhere; a lone
+    actor that misses it is killed, and `ActorHungError` raised."""
+    if isinstance(handle, Service):
+        return await handle._route(endpoint, args, kwargs, deadline_s=seconds)
+    try:
+        return await asyncio.wait_for(getattr(handle, endpoint).call_one(*args, **kwargs), seconds)
+    except TimeoutError:
+        name = await kill_actor(handle)
+        raise ActorHungError(
+            f"actor {name} hung: no answer to {endpoint}() within {seconds:.0f} s (its process was "
+            "killed); raise the deadline if the call was only slow"
+        ) from None
 
 
 def session_of(handle):
@@ -100,6 +132,7 @@ class Service:
         num_replicas: int,
         routing: str = "round_robin",
         health_interval_s: float = 0.2,
+        probe: Probe | None = None,
     ):
         if routing not in ROUTINGS:
             raise ValueError(f"unknown routing '{routing}'; choose one of {ROUTINGS}")
@@ -110,6 +143,8 @@ class Service:
         self._num_replicas = num_replicas
         self._routing = routing
         self._health_interval_s = health_interval_s
+        self._probe = probe
+        self._probes: set[asyncio.Task] = set()
         self._name = actor_cls._actor_class().__name__
         self._rr = itertools.count()
         self.replicas: list[Replica] = []
@@ -127,6 +162,7 @@ class Service:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._provisioner = await get_provisioner()
         self.replicas = list(
             await asyncio.gather(*(self._start_replica(i) for i in range(self._num_replicas)))
         )
@@ -147,15 +183,46 @@ class Service:
         return holder[0]
 
     async def _health_loop(self) -> None:
+        next_probe = time.monotonic()
         while not self._stopping:
             for replica in list(self.replicas):
                 if not replica.healthy:
                     await self._replace(replica)
+            if self._probe is not None and time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + self._probe.every_s
+                for replica in self.replicas:
+                    # A busy replica is watched by its calls' deadlines.
+                    if replica.healthy and not replica.inflight and not replica.probing:
+                        task = asyncio.create_task(self._probe_one(replica))
+                        self._probes.add(task)
+                        task.add_done_callback(self._probes.discard)
             await asyncio.sleep(self._health_interval_s)
+
+    async def _probe_one(self, replica: Replica) -> None:
+        replica.probing = True
+        try:
+            await asyncio.wait_for(replica.actor.process.call(), self._probe.timeout_s)
+        except TimeoutError:
+            self._hung(replica, f"no answer to a health probe within {self._probe.timeout_s:g} s")
+        except Exception:
+            pass  # it died: supervision has reported it
+        finally:
+            replica.probing = False
+
+    def _hung(self, replica: Replica, why: str) -> None:
+        """A replica that stopped answering is made a dead one: marked failed (the health loop
+        replaces it) and its processes killed, which it cannot refuse."""
+        if not replica.healthy:
+            return
+        record_metric(f"service/{self._name}/hung", 1, Reduce.SUM)
+        replica.mark_failed(f"hung: {why}")
+        self._provisioner.kill_proc_mesh(replica.mesh)
 
     async def _replace(self, old: Replica) -> None:
         logger.warning("replacing replica %s of %s", old.name, self._name)
-        supervision.unregister(old.name)
+        # Not unregistered: the death of a replica killed for hanging is often reported after
+        # this replacement starts, and it is no failure of anything still in use.
+        supervision.register(old.name, functools.partial(_replaced_replica_failed, old.name))
         provisioner = await get_provisioner()
         await provisioner.stop_proc_mesh(old.mesh)
         try:
@@ -175,6 +242,8 @@ class Service:
         self._stopping = True
         if self._health_task is not None:
             await self._health_task
+        for task in list(self._probes):
+            task.cancel()
         for replica in self.replicas:
             supervision.unregister(replica.name)
         await asyncio.gather(*(provisioner.stop_proc_mesh(replica.mesh) for replica in self.replicas))
@@ -214,13 +283,28 @@ class Service:
             sticky[id(self)] = chosen.index
         return chosen
 
-    async def _route(self, endpoint_name: str, args: tuple, kwargs: dict) -> Any:
-        replica = self._choose()
-        try:
-            return await self._call(replica, endpoint_name, args, kwargs)
-        except ReplicaFailedError:
-            # Retried once, elsewhere: the failed replica is no longer healthy.
-            return await self._call(self._choose(), endpoint_name, args, kwargs)
+    async def _route(
+        self, endpoint_name: str, args: tuple, kwargs: dict, deadline_s: float | None = None
+    ) -> Any:
+        # A call whose replica fails is retried elsewhere, once per replica: a second replica
+        # may fail with the first (a host lost, a shared cause), and a retry then waits for a
+        # replacement rather than fail the call.
+        for retries_left in range(self._num_replicas, -1, -1):
+            await self._wait_for_a_replica()
+            try:
+                return await self._call(self._choose(), endpoint_name, args, kwargs, deadline_s)
+            except ReplicaFailedError:
+                if not retries_left:
+                    raise
+
+    async def _wait_for_a_replica(self) -> None:
+        """While every replica is being replaced, waits for one to be back (at most
+        `REPLACEMENT_WAIT_S`; then, or once the service stops, `_choose` raises)."""
+        deadline = time.monotonic() + REPLACEMENT_WAIT_S
+        while (
+            not any(r.healthy for r in self.replicas) and not self._stopping and time.monotonic() < deadline
+        ):
+            await asyncio.sleep(self._health_interval_s)
 
     async def _fanout(self, endpoint_name: str, args: tuple, kwargs: dict) -> list[Any]:
         results = await asyncio.gather(
@@ -233,7 +317,9 @@ class Service:
                 raise result
         return [r for r in results if not isinstance(r, ReplicaFailedError)]
 
-    async def _call(self, replica: Replica, endpoint_name: str, args: tuple, kwargs: dict) -> Any:
+    async def _call(
+        self, replica: Replica, endpoint_name: str, args: tuple, kwargs: dict, deadline_s: float | None = None
+    ) -> Any:
         endpoint = getattr(replica.actor, endpoint_name)
         # A multi-process replica runs the call on every rank; rank 0 answers for it.
         call = endpoint.call_one(*args, **kwargs) if self._cls.procs == 1 else endpoint.call(*args, **kwargs)
@@ -244,9 +330,14 @@ class Service:
         call_task = asyncio.ensure_future(call)
         failed_task = asyncio.ensure_future(replica.failed.wait())
         try:
-            await asyncio.wait({call_task, failed_task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {call_task, failed_task}, timeout=deadline_s, return_when=asyncio.FIRST_COMPLETED
+            )
             if not call_task.done():
                 call_task.cancel()
+                if not failed_task.done():
+                    self._hung(replica, f"no answer to {endpoint_name}() within {deadline_s:.0f} s")
+                    raise ReplicaFailedError(f"replica {replica.name} hung during {endpoint_name}()")
                 raise ReplicaFailedError(f"replica {replica.name} died during {endpoint_name}()")
             try:
                 result = call_task.result()

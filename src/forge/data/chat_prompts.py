@@ -54,6 +54,8 @@ def check_prompt(value: Any, where: str) -> None:
     docstring)."""
     if isinstance(value, str):
         return
+    if value is None:  # a file's row without the field reads as null too
+        raise ValueError(f"{where}: the prompt is missing or null: give every row a prompt, or drop the row")
     if not isinstance(value, list) or not value:
         raise ValueError(
             f"{where}: a prompt is a string or a non-empty list of {{role, content}} messages, "

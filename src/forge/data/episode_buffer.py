@@ -19,11 +19,11 @@ from forge.observability import Reduce, record_metric
 
 
 class ReplayBufferConfig(ForgeConfigModel):
-    batch_size: int = 32
-    max_policy_age: int = 1
+    batch_size: int = Field(32, ge=1)
+    max_policy_age: int = Field(1, ge=0)
     # While the buffer holds this many episodes the rollout loops wait (they outrun training).
     max_size: int = Field(100_000, ge=1)
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     # The training loop stops, explaining why, when no batch comes for this long.
     starve_timeout_s: float = Field(600.0, gt=0)
 

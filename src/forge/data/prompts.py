@@ -13,6 +13,8 @@ from __future__ import annotations
 import random
 from typing import Any, Literal
 
+from pydantic import Field
+
 from forge.config import ForgeConfigModel
 from forge.data.chat_prompts import ChatTemplateSetting, check_prompt
 from forge.data.toy_task import ToyTaskConfig, make_splits
@@ -38,7 +40,7 @@ class PromptDataConfig(ForgeConfigModel):
     # How prompts become tokens (forge.data.chat_prompts): "auto" (the tokenizer's chat template,
     # if it has one), "none", or the path of a .jinja template.
     chat_template: ChatTemplateSetting = "auto"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
 
 
 def read_prompt_target_rows(
@@ -47,7 +49,8 @@ def read_prompt_target_rows(
     """``{"prompt", "target"}`` rows of a local dataset file, the prompt from ``prompt_column``, or
     from ``messages_column`` when the file has no ``prompt_column``. A missing column is an error
     that names the file, the columns it has, and the config keys (``keys_hint``) that choose them;
-    a prompt that is neither a string nor chat messages names the file, the row and the column."""
+    a prompt that is neither a string nor chat messages, or a row without a target, names the
+    file, the row (counted from 0) and the column."""
     from forge.data.sft_loading import load_split
 
     dataset = load_split(path, "train")
@@ -65,6 +68,11 @@ def read_prompt_target_rows(
     rows = []
     for index, r in enumerate(dataset):
         check_prompt(r[prompt_column], f"{path}: row {index}, column '{prompt_column}'")
+        if r[target_column] is None:  # str() would make it the target "None"
+            raise ValueError(
+                f"{path}: row {index}, column '{target_column}': the target is missing or null: give every "
+                "row a target, or drop the row"
+            )
         rows.append({"prompt": r[prompt_column], "target": str(r[target_column])})
     return rows
 

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 
 class SFTDataConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     path: str = Field(description="a local .json/.jsonl/.parquet file, a local dataset folder, or a hub id")
     split: str = Field(

@@ -38,9 +38,9 @@ Row = dict[str, Any]
 
 
 class ToyTaskConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     num_train: int = Field(default=2000, ge=0)
     num_eval: int = Field(default=200, ge=0)
     min_digits: int = Field(default=1, ge=1, description="fewest digits of an operand")

@@ -48,14 +48,14 @@ from forge.data.types import Completion, StopReason
 class SamplingParams(BaseModel):
     """How to sample. Field names and meanings follow vLLM's ``SamplingParams``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     n: int = Field(default=1, ge=1, description="samples per prompt")
     temperature: float = Field(default=1.0, ge=0.0, description="0 means greedy")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="1 disables nucleus filtering")
     top_k: int = Field(default=0, ge=0, description="0 disables top-k filtering")
     max_tokens: int = Field(default=64, ge=1, description="most tokens generated per sample")
-    stop_token_ids: list[int] = Field(
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
         default_factory=list, description="tokens that end a sample, in addition to the model's eos"
     )
     stop: list[Annotated[str, Field(min_length=1)]] = Field(
@@ -63,7 +63,9 @@ class SamplingParams(BaseModel):
         description="strings that end a sample at the token completing one (kept, see the module docstring)",
     )
     seed: int | None = Field(
-        default=None, description="base seed: each sample is seeded by (seed, its prompt's key, its index)"
+        default=None,
+        ge=0,
+        description="base seed: each sample is seeded by (seed, its prompt's key, its index)",
     )
 
 

@@ -29,7 +29,7 @@ class VLLMConfig(ForgeConfigModel):
     enforce_eager: bool | None = None
     # n samples of one prompt share its KV cache; weight updates clear the cache.
     enable_prefix_caching: bool = True
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
 
 
 def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: bool) -> dict[str, Any]:

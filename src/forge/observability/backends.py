@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import os
 import sys
 import time
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from forge.config import ForgeConfigModel
+from forge.observability.jsonl import JsonlAppender, keep_rows
 
 
 class MetricBackend(ABC):
@@ -49,60 +50,55 @@ class ConsoleBackend(MetricBackend):
 
 class JsonlBackend(MetricBackend):
     """Appends one JSON object per step: {"step": s, "time": t, "<key>": value, ...}, where
-    `time` is the wall time (seconds since the epoch) of the flush."""
+    `time` is the wall time (seconds since the epoch) of the flush. JSON has no NaN or infinity:
+    such a value is written as null, and the row counts them in `metrics/non_finite`."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = JsonlAppender(self.path)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        if self._replaced():
-            # A resumed run drops the rows logged after its checkpoint by renaming a new file
-            # over this one (`drop_metrics_after`): write to the file now at `path`.
-            self._file.close()
-            self._file = self.path.open("a", encoding="utf-8")
-        self._file.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
-        self._file.flush()
-
-    def _replaced(self) -> bool:
-        try:
-            return os.stat(self.path).st_ino != os.fstat(self._file.fileno()).st_ino
-        except FileNotFoundError:
-            return True
+        row = {k: v if math.isfinite(v) else None for k, v in metrics.items()}
+        non_finite = sum(v is None for v in row.values())
+        if non_finite:
+            row["metrics/non_finite"] = non_finite
+        self._file.write({"step": step, "time": time.time(), **row})
 
     def close(self) -> None:
         self._file.close()
 
 
 class TensorBoardBackend(MetricBackend):
+    """Scalars for TensorBoard in `log_dir`. The writer opens at the first row, with that row's
+    step as `purge_step`: a resumed run's first row is the step after its checkpoint, so
+    TensorBoard hides what the stopped run logged from there on, as `drop_metrics_after`
+    drops those rows from the JSONL file (a run started afresh in the folder hides an earlier
+    run's events from its own first step on)."""
+
     def __init__(self, log_dir: str | os.PathLike):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
             raise ImportError("the tensorboard backend needs `pip install forge[tensorboard]`") from e
-        self._writer = SummaryWriter(str(log_dir))
+        self._log_dir, self._summary_writer = str(log_dir), SummaryWriter
+        self._writer = None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self._writer is None:
+            self._writer = self._summary_writer(self._log_dir, purge_step=step)
         for key, value in metrics.items():
             self._writer.add_scalar(key, value, step)
         self._writer.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 def drop_metrics_after(path: Path, step: int) -> None:
     """Remove the rows of a metrics JSONL file logged after ``step`` (a run resumed from the
     checkpoint of ``step`` logs them again). The file is replaced in one rename."""
-    if not path.is_file():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if json.loads(line)["step"] <= step]
-    if len(kept) < len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        tmp.replace(path)
+    keep_rows(path, lambda _, row: row["step"] <= step)
 
 
 class WandbConfig(ForgeConfigModel):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import queue
 import sys
 import threading
@@ -28,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from forge.data.types import Completion, Episode, Turn
+from forge.observability.jsonl import JsonlAppender, keep_rows, read_jsonl
+
+logger = logging.getLogger(__name__)
 
 # What a training record holds, and in which order (the file is read by people too).
 RECORD_FIELDS = (
@@ -164,10 +168,13 @@ class RolloutRecorder:
         self.every = every
         self.step = 0
         self._groups_seen = 0
-        self._file = self.path.open("w", encoding="utf-8")
+        # Appended across resumes: the resume drops what came after its checkpoint first
+        # (`trim_run_records`).
+        self._file = JsonlAppender(self.path)
         # Items are (step, groups) of training episodes or ready eval records; None stops.
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._error: BaseException | None = None
+        self._error_raised = False
         self._thread = threading.Thread(target=self._write_loop, name="rollout-records", daemon=True)
         self._thread.start()
 
@@ -186,8 +193,12 @@ class RolloutRecorder:
 
     def _put(self, item: tuple[int, list[list[Episode]]] | list[dict]) -> None:
         if self._error is not None:
-            raise RuntimeError(f"writing rollout records to {self.path} failed") from self._error
+            self._raise_error()
         self._queue.put(item)
+
+    def _raise_error(self) -> None:
+        self._error_raised = True
+        raise RuntimeError(f"writing rollout records to {self.path} failed") from self._error
 
     def _write_loop(self) -> None:
         try:
@@ -195,27 +206,31 @@ class RolloutRecorder:
                 if isinstance(item, tuple):
                     step, groups = item
                     item = [episode_record(step, episode) for group in groups for episode in group]
-                self._file.write("".join(json.dumps(r) + "\n" for r in item))
-                if self._queue.empty():
-                    self._file.flush()
+                self._file.write_lines("".join(json.dumps(r) + "\n" for r in item))
         except BaseException as e:  # surfaced to the caller by the next record or close
             self._error = e
 
     def close(self) -> None:
-        """Writes what is queued and closes the file."""
+        """Writes what is queued and closes the file; raises a failure to write that no record
+        call has raised yet (once: closing again is harmless)."""
         self._queue.put(None)
         self._thread.join()
         self._file.close()
-        if self._error is not None:
-            raise RuntimeError(f"writing rollout records to {self.path} failed") from self._error
+        if self._error is not None and not self._error_raised:
+            self._raise_error()
 
 
 def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
-    with Path(path).open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {line_no}: not a JSON object ({e.msg})") from None
+    """The records of a file, skipping a last line cut short with a warning (``read_jsonl``)."""
+    return read_jsonl(path)
+
+
+def trim_run_records(rollouts_path: str | Path, step: int) -> None:
+    """Before a run resumed from the checkpoint of ``step`` appends again: drops the records
+    stamped after ``step`` and the batch records of the steps after it (one per training step)."""
+    dropped = keep_rows(rollouts_path, lambda _, record: record["step"] <= step)
+    dropped_batches = keep_rows(batches_path(rollouts_path), lambda index, _: index < step)
+    if dropped or dropped_batches:
+        logger.info(
+            "resume: dropped %d rollout and %d batch records after step %d", dropped, dropped_batches, step
+        )

@@ -8,10 +8,11 @@ not resolve, the file of the same name inside RUN_DIR is used.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
+
+from forge.observability.jsonl import read_jsonl
 
 DEFAULT_NAMES = {"jsonl_path": "metrics.jsonl", "rollouts_path": "rollouts.jsonl"}
 
@@ -38,12 +39,8 @@ def read_metric_rows(path: str | Path) -> list[dict]:
     """The rows of a metrics JSONL file, of its latest run only: a file that several runs
     appended to restarts its step count at each run."""
     rows: list[dict] = []
-    with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if rows and row["step"] < rows[-1]["step"]:
-                rows = []
-            rows.append(row)
+    for row in read_jsonl(path):  # a cut last line is skipped with a warning
+        if rows and row["step"] < rows[-1]["step"]:
+            rows = []
+        rows.append(row)
     return rows

@@ -2,9 +2,10 @@
 pipeline (apps/grpo) is tested against.
 
 Each step, top to bottom:
-  1. rollouts: draw prompts, sample a group of completions per prompt from the current
-     policy, score them, give each a group-relative advantage, and put the groups that carry
-     a learning signal in the replay buffer, until it holds a batch;
+  1. rollouts: draw prompts, roll out a group of trajectories per prompt with the current
+     policy (one completion each without an environment; with one, model and environment
+     take turns, forge.envs.rollout), score them, give each a group-relative advantage, and
+     put the groups that carry a learning signal in the replay buffer, until it holds a batch;
   2. one optimizer step of the policy on a batch drawn from the buffer;
   3. the sampling engine takes the new weights.
 
@@ -42,7 +43,7 @@ from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch, pad_sequences, response_rows
 from forge.rl.losses import build_loss
 from forge.rl.ops import compute_logprobs
-from forge.rollout import with_env_reward
+from forge.rollout import with_env_reward, without_truncated
 
 
 def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
@@ -122,13 +123,13 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
             if cfg.rollout.skip_groups_without_signal and not has_signal(rewards):
                 continue
             advantages = group_advantages(rewards, mode=cfg.rollout.advantage).tolist()
-            episodes += [
+            scored = [
                 Episode(
                     c, row["target"], str(row["index"]), reward=total, reward_breakdown=parts, advantage=a
                 )
                 for c, (total, parts), a in zip(group, scores, advantages, strict=True)
-                if not (drop_truncated and c.truncated)
             ]
+            episodes += [e for g in (without_truncated([scored]) if drop_truncated else [scored]) for e in g]
         if episodes and reference is not None:
             completions = [e.completion for e in episodes]
             tokens, target_ids, span = pad_sequences(

@@ -2,20 +2,29 @@
 
 Layout under ``output_dir/checkpoints``::
 
-    step_00000010/trainer/      the trainer's DCP checkpoint (model, optimizer, LR schedule, step)
-    step_00000010/run_state.pt  replay buffer (episodes, RNG, counts), dataset cursor, the RNG
-                                states of the controller and the generator, weight version,
-                                metric step, eval history
+    step_00000010/trainer/       the trainer's DCP checkpoint (model, optimizer, LR schedule, step)
+    step_00000010/run_state.pt   replay buffer (episodes, RNG, counts), dataset cursor, the RNG
+                                 states of the controller and the generator, weight version,
+                                 metric step, eval history
+    step_00000010/manifest.json  size and SHA-256 of every other file (forge.runs.manifest)
 
-A checkpoint is written as ``step_XXXXXXXX.tmp`` and renamed when both parts are on disk, so
-a run killed while saving leaves no directory that looks complete. Only the newest
-``keep`` are kept.
+A checkpoint is written as ``step_XXXXXXXX.tmp``, its manifest last, and renamed when all of
+it is on disk, so a run killed while saving leaves no directory that looks complete. Only the
+newest ``keep`` are kept.
+
+Resuming runs none of a checkpoint's code, so that resuming from a run directory someone else
+wrote is safe: ``run_state.pt`` is loaded with ``torch.load(weights_only=True)``, which builds
+plain Python values and tensors, plus forge's episode records (plain dataclasses); the trainer
+loads its part the same way (forge.engines.titan.checkpoint). A checkpoint whose files differ
+from its manifest is skipped, with a warning naming it, for the newest intact one. One written
+by a forge from before manifests (it has none) is loaded unverified, with a warning.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import random
@@ -29,7 +38,11 @@ import torch
 from pydantic import Field
 
 from forge.config import ForgeConfigModel
+from forge.controller.service import Service, call_within
+from forge.data.types import Completion, Episode, Turn
+from forge.engines.titan.checkpoint import safe_load
 from forge.observability.backends import drop_metrics_after
+from forge.runs.manifest import MANIFEST_FILE, find_damage, write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +50,9 @@ STATE_FILE = "run_state.pt"
 TRAINER_DIR = "trainer"
 _COMPLETE_NAME = re.compile(r"step_(\d{8})")
 _TMP_SUFFIX = ".tmp"
+# The classes a run state may hold besides plain Python values and tensors: the replay
+# buffer's episodes. Plain dataclasses: building one runs none of the file's code.
+_RUN_STATE_CLASSES = [Episode, Completion, Turn]
 
 
 class CheckpointConfig(ForgeConfigModel):
@@ -67,6 +83,8 @@ class RunActors:
     replay_buffer: Any
     dataset: Any
     generator: Any
+    # A lone generator must answer within this (forge.controller.liveness), or the run stops.
+    generator_deadline_s: float = 600.0
 
 
 class RolloutPause:
@@ -113,13 +131,15 @@ class RunCheckpointer:
         self.keep = keep
 
     def complete(self) -> list[Path]:
-        """Complete checkpoints, oldest first."""
+        """Complete checkpoints (renamed from .tmp), oldest first. Whether their files are
+        intact is `newest_intact`'s question."""
         if not self.root.is_dir():
             return []
         found = [
             (int(m.group(1)), p)
             for p in self.root.iterdir()
-            if (m := _COMPLETE_NAME.fullmatch(p.name)) and (p / STATE_FILE).is_file()
+            if (m := _COMPLETE_NAME.fullmatch(p.name))
+            and ((p / STATE_FILE).is_file() or (p / MANIFEST_FILE).is_file())
         ]
         return [p for _, p in sorted(found)]
 
@@ -127,14 +147,46 @@ class RunCheckpointer:
         complete = self.complete()
         return complete[-1] if complete else None
 
+    def newest_intact(self, warn: bool = True) -> Path | None:
+        """The newest complete checkpoint whose files match its manifest (None: no checkpoint).
+        Damaged newer ones are skipped, each named in a warning when `warn`; with none intact,
+        raises ValueError saying what is wrong with each."""
+        damaged = []
+        for path in reversed(self.complete()):
+            if not (path / MANIFEST_FILE).is_file():
+                if warn:
+                    logger.warning(
+                        "checkpoint %s has no %s (a forge from before checkpoint checksums wrote it): "
+                        "loading it unverified",
+                        path,
+                        MANIFEST_FILE,
+                    )
+                return path
+            damage = find_damage(path)
+            if damage is None:
+                return path
+            damaged.append(f"{path.name}: {damage}")
+            if warn:
+                logger.warning("checkpoint %s is damaged (%s): skipped for an older one", path, damage)
+        if damaged:
+            raise ValueError(
+                f"{self.root}: no intact checkpoint to resume from ({'; '.join(damaged)}): restore "
+                "these checkpoints from a copy, or start the run again in another output_dir"
+            )
+        return None
+
     def check_start(self, resume: bool) -> None:
-        """A run that does not resume must not mix its checkpoints with another run's."""
+        """A run that does not resume must not mix its checkpoints with another run's; one that
+        does needs an intact checkpoint when there are any (checked before actors start, so
+        that it fails in seconds; `resume` checks again what it loads)."""
         existing = self.complete()
         if existing and not resume:
             raise ValueError(
                 f"{self.root} already holds checkpoints (newest: {existing[-1].name}): pass resume=true "
                 "to continue that run, or choose another output_dir"
             )
+        if resume:
+            self.newest_intact(warn=False)
 
     async def save(self, progress: Progress, actors: RunActors) -> Path:
         final = self.root / f"step_{progress.step:08d}"
@@ -152,13 +204,18 @@ class RunCheckpointer:
             "dataset": await actors.dataset.state_dict.call_one(),
             "rng": {
                 "controller": {"python": random.getstate(), "torch": torch.get_rng_state()},
-                "generator": await _generator_rng(actors.generator),
+                "generator": await _generator_rng(actors),
             },
         }
+        blob = io.BytesIO()
+        torch.save(state, blob)
+        # Fails now, not at the resume: a value that loading would refuse.
+        safe_load(blob, "the run state to save", _RUN_STATE_CLASSES)
         with open(tmp / STATE_FILE, "wb") as f:
-            torch.save(state, f)
+            f.write(blob.getbuffer())
             f.flush()
             os.fsync(f.fileno())
+        write_manifest(tmp)  # last: it covers every file above
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -171,7 +228,7 @@ class RunCheckpointer:
     async def restore(self, path: Path, actors: RunActors) -> Progress:
         """Puts every actor back in the state of checkpoint `path`; returns the loop's progress.
         The trainer's weights still have to be published (as `progress.version`)."""
-        state = torch.load(path / STATE_FILE, weights_only=False)  # our own file: trusted
+        state = safe_load(path / STATE_FILE, str(path / STATE_FILE), _RUN_STATE_CLASSES)
         trainer_step = _rank0(await actors.trainer.load_from.call(str((path / TRAINER_DIR).resolve())))
         if trainer_step != state["step"]:
             raise ValueError(
@@ -182,34 +239,36 @@ class RunCheckpointer:
         random.setstate(state["rng"]["controller"]["python"])
         torch.set_rng_state(state["rng"]["controller"]["torch"])
         if state["rng"]["generator"] is not None and not _is_service(actors.generator):
-            await actors.generator.load_rng_state.call_one(state["rng"]["generator"])
+            await call_within(
+                actors.generator, "load_rng_state", actors.generator_deadline_s, state["rng"]["generator"]
+            )
         buffered = [episode.policy_version for episode in state["replay_buffer"]["episodes"]]
         return Progress(state["step"], state["version"], state["history"], buffered)
 
     async def resume(self, actors: RunActors, publish, metrics_path: str | None) -> Progress:
-        """`restore` from the newest checkpoint (a fresh `Progress` when there is none), then
-        `publish(version)` of the restored weights; drops the metric rows logged after it."""
-        latest = self.latest()
-        if latest is None:
+        """`restore` from the newest intact checkpoint (a fresh `Progress` when there is none),
+        then `publish(version)` of the restored weights; drops the metric rows logged after it."""
+        path = self.newest_intact()
+        if path is None:
             return Progress()
-        progress = await self.restore(latest, actors)
+        progress = await self.restore(path, actors)
         await publish(progress.version)
         if metrics_path:
             drop_metrics_after(Path(metrics_path), progress.step)
-        logger.info("resumed from %s", latest)
+        logger.info("resumed from %s", path)
         return progress
 
 
 def _is_service(handle) -> bool:
-    from forge.controller import Service
-
     return isinstance(handle, Service)
 
 
-async def _generator_rng(generator) -> dict | None:
+async def _generator_rng(actors: RunActors) -> dict | None:
     # Replicas each have their own generator state and requests go to any of them: only a
     # lone generator's RNG can be put back meaningfully.
-    return None if _is_service(generator) else await generator.rng_state.call_one()
+    if _is_service(actors.generator):
+        return None
+    return await call_within(actors.generator, "rng_state", actors.generator_deadline_s)
 
 
 def _fsync_dir(path: Path) -> None:

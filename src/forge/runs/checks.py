@@ -6,8 +6,11 @@ without failing: a prompt too long for the trainer's sequence length.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from forge.data.prompts import Row, load_prompt_rows
 from forge.engines.generation import check_model_dir
+from forge.runs.storage import check_writable_dir
 
 
 def check_run_inputs(cfg) -> None:
@@ -16,6 +19,7 @@ def check_run_inputs(cfg) -> None:
     from transformers import AutoTokenizer
 
     check_model_dir(cfg.policy_path, "policy_path")
+    check_outputs_spare_inputs(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.generator.model_path)  # the generator's
     check_policy_model(cfg, len(tokenizer))
     train, evaluation = load_prompt_rows(cfg.dataset)  # raises on a missing column or no prompts
@@ -29,6 +33,33 @@ def check_run_inputs(cfg) -> None:
 
         LocalEnvironments(cfg.env.name, cfg.env.params)
     check_eval_set(evaluation, cfg.eval.every)
+    check_output_dirs(cfg)  # last: it creates output_dir, which a refused run should not leave
+
+
+def check_output_dirs(cfg) -> None:
+    """output_dir and the folders of the metric files must be writable (forge.runs.storage)."""
+    metrics = cfg.metrics
+    folders = {"output_dir": Path(cfg.output_dir)}
+    for key in ("jsonl_path", "rollouts_path"):
+        if getattr(metrics, key):
+            folders[f"metrics.{key}"] = Path(getattr(metrics, key)).parent
+    if metrics.tensorboard_dir:
+        folders["metrics.tensorboard_dir"] = Path(metrics.tensorboard_dir)
+    for key, folder in folders.items():
+        check_writable_dir(folder, key)
+
+
+def check_outputs_spare_inputs(cfg) -> None:
+    """The run's export (output_dir/export) must not replace the model or tokenizer it starts
+    from: refused when either directory holds the other."""
+    export = (Path(cfg.output_dir) / "export").resolve()
+    for key, value in (("policy_path", cfg.policy_path), ("generator.model_path", cfg.generator.model_path)):
+        source = Path(value).resolve()
+        if source == export or source.is_relative_to(export):
+            raise ValueError(
+                f"output_dir: the run exports to {export}, which would overwrite {key} ({value}), the "
+                "model it starts from: choose another output_dir"
+            )
 
 
 def check_policy_model(cfg, tokenizer_size: int) -> None:

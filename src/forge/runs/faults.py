@@ -16,6 +16,7 @@ from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionErr
 from monarch.actor import ActorError
 
 from forge.controller import supervision
+from forge.controller.liveness import ActorHungError
 from forge.runs.errors import RunStopped
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ def _log_late_failure(actor: str, report: str) -> None:
 
 def describe_actor_error(error: BaseException) -> RunStopped | None:
     """A `RunStopped` naming the actor for an error raised by an actor call, else None."""
+    if isinstance(error, ActorHungError):  # it names the actor already
+        return RunStopped(str(error))
     if not isinstance(error, ActorError | SupervisionError):
         return None
     text = str(error)

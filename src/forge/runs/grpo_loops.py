@@ -25,11 +25,12 @@ from typing import Any
 
 from forge.observability import Reduce, record_metric
 from forge.observability.progress import Progress as ProgressDisplay
-from forge.observability.rollouts import RolloutRecorder
+from forge.observability.rollouts import RolloutRecorder, trim_run_records
 from forge.rollout import RolloutCounts, Rollouts, greedy_accuracy, rollout_step, wait_for_room
 from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpointer
 from forge.runs.faults import wait_for_loops
 from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
+from forge.runs.storage import stop_on_storage_errors
 from forge.staleness import StalenessBound
 
 
@@ -85,23 +86,34 @@ class GRPOLoops:
         self.counts, self.skips = RolloutCounts(), SkippedUpdates(cfg.trainer.max_skipped_updates)
         self.pause, self.stop = RolloutPause(), asyncio.Event()
         self.saved = RunActors(
-            actors.trainer, actors.replay_buffer, actors.dataset, actors.rollouts.generator
+            actors.trainer,
+            actors.replay_buffer,
+            actors.dataset,
+            actors.rollouts.generator,
+            actors.rollouts.deadline.base_s,
         )
 
     async def resume(self) -> Progress:
         """The newest checkpoint's progress, with every actor's state restored from it."""
         a = self.actors
-        progress = await self.checkpoints.resume(
-            self.saved, a.trainer.push_weights.call, self.cfg.metrics.jsonl_path
-        )
-        self.bound.restore(progress.version, progress.buffered_versions)
+        with stop_on_storage_errors(self.cfg.output_dir):  # it rewrites the metric and record files
+            progress = await self.checkpoints.resume(
+                self.saved, a.trainer.push_weights.call, self.cfg.metrics.jsonl_path
+            )
+            self.bound.restore(progress.version, progress.buffered_versions)
+            if self.recorder is not None:  # the steps after the checkpoint are recorded again
+                trim_run_records(self.recorder.path, progress.step)
         return progress
 
     async def run(self, progress: Progress) -> dict:
         rollout_loops = [asyncio.create_task(self._rollouts()) for _ in range(self.cfg.rollout.threads)]
         training = asyncio.create_task(self._training(progress))
         try:
-            return await wait_for_loops(training, rollout_loops)
+            with stop_on_storage_errors(self.cfg.output_dir):  # records and checkpoints, in this process
+                history = await wait_for_loops(training, rollout_loops)
+                if self.recorder is not None:
+                    self.recorder.close()  # the last records are written: a failure is a stop too
+                return history
         finally:
             # Also on Ctrl-C (asyncio cancels this coroutine): stop both loops before the actors.
             self.stop.set()
@@ -160,7 +172,7 @@ class GRPOLoops:
             starvation_report, self.counts, self.actors.replay_buffer, self.actors.reward, cfg.replay_buffer
         )
         display = ProgressDisplay(cfg.max_steps, desc="grpo", initial=progress.step)
-        if progress.step == 0:
+        if progress.step == 0 and cfg.eval.every:
             accuracy = await self._evaluate(0)
             record_metric("eval/accuracy", accuracy, Reduce.MEAN)
             await self.metric_logger.flush(0)
@@ -208,6 +220,10 @@ class GRPOLoops:
         if every and (step % every == 0 or last):
             async with self.pause.paused():
                 await self.checkpoints.save(Progress(step, version, history), self.saved)
+                if self.recorder is not None:
+                    # Rollouts that finish from now on are not in the checkpoint: a resume from
+                    # it drops their records with those of step + 1.
+                    self.recorder.step = step + 1
         if last or (cfg.checkpoint.export_every and step % cfg.checkpoint.export_every == 0):
             await self.actors.trainer.export_hf.call(
                 str(Path(cfg.output_dir, "export").resolve()), cfg.policy_path, cfg.checkpoint.export_dtype

@@ -185,6 +185,28 @@ def check_tokenizer_fits(tokenizer_size: int, checkpoint: CheckpointModel, token
         )
 
 
+def check_new_model_rows(rows: int, tokenizer_size: int, model_cfg, key: str, tokenizer_path: str) -> None:
+    """A model built from scratch (no checkpoint) needs one embedding row per token. Extra rows
+    start random, so the policy samples ids that decode to nothing; a checkpoint's padded rows
+    were trained down and are accepted (`check_tokenizer_fits`)."""
+    if rows == tokenizer_size:
+        return
+    named = (
+        f"{key}.vocab_size is {rows}"
+        if model_cfg.vocab_size is not None
+        else f"{key}.flavor {model_cfg.flavor!r} has vocab_size {rows}"
+    )
+    why = (
+        "the extra rows would be random and sample ids that decode to nothing"
+        if rows > tokenizer_size
+        else f"ids above {rows - 1} would have no embedding"
+    )
+    raise CheckpointModelError(
+        f"{named} but the tokenizer at {tokenizer_path} has {tokenizer_size} tokens, and the model is "
+        f"built from scratch (no {key}.hf_path): {why}. Set {key}.vocab_size={tokenizer_size}"
+    )
+
+
 def _architecture(raw: dict[str, Any], path: Path) -> str:
     architectures = raw.get("architectures") or []
     if len(architectures) != 1 or architectures[0] not in ARCHITECTURES:
@@ -264,9 +286,11 @@ def check_model_section(
 
     if model_cfg.hf_path is None:
         try:
-            resolve_model_args(model_cfg.name, model_cfg.flavor, model_cfg.vocab_size)
+            args = resolve_model_args(model_cfg.name, model_cfg.flavor, model_cfg.vocab_size)
         except ValueError as error:
             raise CheckpointModelError(f"{key}: {error}") from None
+        if tokenizer_size is not None:
+            check_new_model_rows(args.vocab_size, tokenizer_size, model_cfg, key, tokenizer_path)
         return None
     path = Path(model_cfg.hf_path)
     if not path.is_dir():

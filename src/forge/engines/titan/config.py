@@ -5,14 +5,15 @@ the model, the learning rate and the mixed precision. ``job_config.build_job_con
 this into torchtitan's ``JobConfig``.
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Section(BaseModel):
-    # Same contract as forge.config.ForgeConfigModel: a misspelled key fails at start-up.
-    model_config = ConfigDict(extra="forbid")
+    # Same contract as forge.config.ForgeConfigModel: a misspelled key fails at start-up, and
+    # so does NaN or infinity in any number.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -30,15 +31,21 @@ class ModelConfig(_Section):
     hf_path: str | None = None
     """Local Hugging Face checkpoint directory (``config.json``, ``*.safetensors``)."""
     vocab_size: int | None = Field(default=None, gt=0)
-    """Without ``hf_path``: overrides the flavor's vocabulary size (the tokenizer decides it)."""
+    """Without ``hf_path``: overrides the flavor's vocabulary size. The apps refuse a model built
+    this way whose rows differ from the tokenizer's tokens (the SFT app sets it from the tokenizer)."""
+
+
+# Adam's decay rate of a moment estimate: at 1 the estimate never leaves 0, and the bias
+# correction divides by 1 - beta**t = 0.
+_Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class OptimizerConfig(_Section):
     name: Literal["AdamW", "Adam"] = "AdamW"
     lr: float = Field(default=1e-3, gt=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+    betas: tuple[_Beta, _Beta] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
     implementation: Literal["for-loop", "foreach", "fused"] = "foreach"
 
 
@@ -100,7 +107,7 @@ class TrainingConfig(_Section):
     None runs the whole batch at once. ``train_step(microbatch_size=...)`` overrides it."""
     max_norm: float = Field(default=1.0, gt=0)
     """Gradient clipping threshold (total L2 norm)."""
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     """Seeds the weight initialization (through torch's global RNG, as torchtitan does)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the parameters, gradients and optimizer state."""

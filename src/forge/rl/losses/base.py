@@ -40,9 +40,10 @@ MetricReduce = Literal["sum", "max"]
 
 
 class BaseLossConfig(BaseModel):
-    """Parameters of a loss. Unknown keys fail at construction, so a typo never goes unnoticed."""
+    """Parameters of a loss. Unknown keys fail at construction, so a typo never goes unnoticed,
+    and so does NaN or infinity in a coefficient."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class AggregatedLossConfig(BaseLossConfig):

@@ -129,63 +129,80 @@ async def _train(cfg: GRPOConfig) -> dict:
     metric_logger = await get_metric_logger(cfg.metrics, config_to_dict(cfg))
     await store.initialize()
     recorder = None
-    if cfg.metrics.rollouts_path:
-        recorder = RolloutRecorder(cfg.metrics.rollouts_path, cfg.metrics.rollouts_every)
-    pad_id = _pad_id(cfg)
-    transport = resolve_transport(cfg.generator.weight_transport, one_host=not cfg.provisioner.hosts)
-    gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
-    generators = Generator.options(with_gpus=gpus, num_replicas=cfg.generator.replicas)
-    generator_cfg = cfg.generator.model_copy(update={"weight_transport": transport})
-    env_actors = EnvironmentActor.options(num_replicas=cfg.env.replicas) if cfg.env else None
-    dataset, generator, envs, trainer, replay_buffer, reward, advantages, reference = await asyncio.gather(
-        DatasetActor.as_actor(cfg.dataset),
-        generators.as_service(generator_cfg, probe=cfg.generator.probe)
-        if cfg.generator.replicas > 1
-        else generators.as_actor(generator_cfg),
-        (env_actors.as_service if cfg.env.replicas > 1 else env_actors.as_actor)(cfg.env.name, cfg.env.params)
-        if cfg.env
-        else asyncio.sleep(0),
-        TitanTrainer.options(
-            procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group="trainer"
-        ).as_actor(
-            cfg.trainer.engine,
-            cfg.trainer.loss,
-            weights_dtype=cfg.generator.dtype,
-            keep_weight_versions=cfg.keep_weight_versions,
-            weight_transport=transport,
-            verify_weights=cfg.generator.verify_weights,
+    try:  # from here on the store and the logger are released however start-up ends
+        if cfg.metrics.rollouts_path:
+            recorder = RolloutRecorder(cfg.metrics.rollouts_path, cfg.metrics.rollouts_every)
+        pad_id = _pad_id(cfg)
+        transport = resolve_transport(cfg.generator.weight_transport, one_host=not cfg.provisioner.hosts)
+        gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
+        generators = Generator.options(with_gpus=gpus, num_replicas=cfg.generator.replicas)
+        generator_cfg = cfg.generator.model_copy(update={"weight_transport": transport})
+        env_actors = EnvironmentActor.options(num_replicas=cfg.env.replicas) if cfg.env else None
+        (
+            dataset,
+            generator,
+            envs,
+            trainer,
+            replay_buffer,
+            reward,
+            advantages,
+            reference,
+        ) = await asyncio.gather(
+            DatasetActor.as_actor(cfg.dataset),
+            generators.as_service(generator_cfg, probe=cfg.generator.probe)
+            if cfg.generator.replicas > 1
+            else generators.as_actor(generator_cfg),
+            (env_actors.as_service if cfg.env.replicas > 1 else env_actors.as_actor)(
+                cfg.env.name, cfg.env.params
+            )
+            if cfg.env
+            else asyncio.sleep(0),
+            TitanTrainer.options(
+                procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group="trainer"
+            ).as_actor(
+                cfg.trainer.engine,
+                cfg.trainer.loss,
+                weights_dtype=cfg.generator.dtype,
+                keep_weight_versions=cfg.keep_weight_versions,
+                weight_transport=transport,
+                verify_weights=cfg.generator.verify_weights,
+            )
+            if cfg.trainer.enabled
+            else asyncio.sleep(0),
+            ReplayBuffer.as_actor(
+                cfg.replay_buffer, pad_id, cfg.dp_size, str(batches_path(recorder.path)) if recorder else None
+            ),
+            RewardActor.as_actor(cfg.reward),
+            ComputeAdvantages.as_actor(cfg.rollout.advantage),
+            # On the trainer's GPU: a KL term needs no GPU of its own.
+            ReferenceModel.options(with_gpus=gpus, gpu_group="trainer").as_actor(
+                cfg.trainer.engine, cfg.generator.sampling.temperature
+            )
+            if cfg.use_reference
+            else asyncio.sleep(0),
         )
-        if cfg.trainer.enabled
-        else asyncio.sleep(0),
-        ReplayBuffer.as_actor(
-            cfg.replay_buffer, pad_id, cfg.dp_size, str(batches_path(recorder.path)) if recorder else None
-        ),
-        RewardActor.as_actor(cfg.reward),
-        ComputeAdvantages.as_actor(cfg.rollout.advantage),
-        # On the trainer's GPU: a KL term needs no GPU of its own.
-        ReferenceModel.options(with_gpus=gpus, gpu_group="trainer").as_actor(
-            cfg.trainer.engine, cfg.generator.sampling.temperature
+        if cfg.provisioner.hosts:
+            print((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))
+        rollouts = Rollouts(
+            generator,
+            _turn_renderer(cfg),
+            cfg.generator.sampling.max_tokens,
+            envs,
+            cfg.trajectory_limits,
+            drop_truncated=cfg.env is not None and cfg.env.on_truncation == "drop",
+            deadline=cfg.generator.deadline,
         )
-        if cfg.use_reference
-        else asyncio.sleep(0),
-    )
-    if cfg.provisioner.hosts:
-        print((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))
-    rollouts = Rollouts(
-        generator,
-        _turn_renderer(cfg),
-        cfg.generator.sampling.max_tokens,
-        envs,
-        cfg.trajectory_limits,
-        drop_truncated=cfg.env is not None and cfg.env.on_truncation == "drop",
-        deadline=cfg.generator.deadline,
-    )
-    eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
-    actors = GRPOActors(dataset, rollouts, trainer, replay_buffer, reward, advantages, reference)
-    loops = GRPOLoops(
-        cfg, actors, eval_rows, get_reward_fn(cfg.eval.reward_fn), metric_logger, checkpointer(cfg), recorder
-    )
-    try:
+        eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
+        actors = GRPOActors(dataset, rollouts, trainer, replay_buffer, reward, advantages, reference)
+        loops = GRPOLoops(
+            cfg,
+            actors,
+            eval_rows,
+            get_reward_fn(cfg.eval.reward_fn),
+            metric_logger,
+            checkpointer(cfg),
+            recorder,
+        )
         progress = Progress()
         if cfg.resume:
             progress = await loops.resume()

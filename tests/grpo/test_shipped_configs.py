@@ -59,6 +59,16 @@ EXTRA = {
         "dataset.eval_path={prompts}",
         "trainer.engine.training.microbatch_size=4",
     ],
+    # One task whose questions fit the tiny model's 64 positions, no system prompt, and every
+    # group recorded for check_reasoning_gym_run ({{ }}: these strings go through str.format).
+    "grpo/reasoning_gym.yaml": [
+        "dataset.reasoning_gym.tasks=[{{name: basic_arithmetic, config: {{min_terms: 2, max_terms: 2, max_digits: 2}}}}]",
+        "dataset.reasoning_gym.size=32",
+        "dataset.reasoning_gym.eval_size=8",
+        "dataset.reasoning_gym.system_prompt=''",
+        "metrics.rollouts_every=1",
+        "trainer.engine.training.microbatch_size=4",
+    ],
 }
 
 
@@ -144,3 +154,33 @@ def test_grpo_config_runs_two_steps(name, request, tmp_path):
         assert export == json.loads((policy / "config.json").read_text())
     # Shutdown stopped every actor process.
     assert children_left(15) == []
+    if name in RUN_CHECKS:
+        RUN_CHECKS[name](out, rows)
+
+
+def check_reasoning_gym_run(out: Path, metric_rows: list[dict]) -> None:
+    """Every prompt is its task's question, eval prompts are held out, and every reward is the
+    task's own score of the response, recomputed here with reasoning-gym itself."""
+    import reasoning_gym
+    from reasoning_gym.utils import extract_answer
+
+    from forge.data.reasoning_gym_source import decode_target
+
+    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert {r["eval"] for r in records} == {False, True}
+    for record in records:
+        fields = decode_target(record["target"])
+        assert fields["task"] == "basic_arithmetic"
+        dataset = reasoning_gym.create_dataset(fields["task"], **fields["config"])
+        entry = dataset[fields["index"]]
+        assert record["prompt"] == entry["question"]
+        assert (fields["index"] >= 32) == record["eval"]  # rows 32.. are the held-out ones
+        score = dataset.score_answer(extract_answer(record["completion"]), entry)
+        reward = record["reward"] if record["eval"] else record["reward_breakdown"]["reasoning_gym"]
+        assert reward == score
+    assert any("reward/reasoning_gym" in row for row in metric_rows)
+    assert not [k for row in metric_rows for k in row if k.startswith("reward/reasoning_gym/")]
+
+
+# What a config is for, checked after its run: (output_dir, metrics rows).
+RUN_CHECKS = {"grpo/reasoning_gym.yaml": check_reasoning_gym_run}

@@ -1,9 +1,10 @@
 """Prompts (and targets) for RL, with a resumable cursor.
 
-Rows come from the embedded toy task (`source: toy_task`) or a local JSON/JSONL/Parquet
-file with a prompt and a target column. A prompt is a string or a list of chat messages
-(`forge.data.chat_prompts`), from the prompt column or, in a file without one, the messages
-column; the generator renders it with `chat_template`. Each epoch visits every training row
+Rows come from the embedded toy task (`source: toy_task`), a local JSON/JSONL/Parquet
+file with a prompt and a target column (`source: file`), or reasoning-gym's task generators
+(`source: reasoning_gym`, `forge.data.reasoning_gym_source`). A prompt is a string or a list of
+chat messages (`forge.data.chat_prompts`), from the prompt column or, in a file without one, the
+messages column; the generator renders it with `chat_template`. Each epoch visits every training row
 once in an order drawn from (seed, epoch), so `state_dict()` (epoch, position) fully
 determines what comes next.
 """
@@ -17,6 +18,7 @@ from pydantic import Field
 
 from forge.config import ForgeConfigModel
 from forge.data.chat_prompts import ChatTemplateSetting, check_prompt
+from forge.data.reasoning_gym_source import ReasoningGymConfig, make_reasoning_gym_rows
 from forge.data.toy_task import ToyTaskConfig, make_splits
 
 # {"prompt", "target"}, the prompt a string or chat messages; rows drawn from a cursor also
@@ -26,8 +28,10 @@ Row = dict[str, Any]
 
 
 class PromptDataConfig(ForgeConfigModel):
-    source: Literal["toy_task", "file"] = "toy_task"
+    source: Literal["toy_task", "file", "reasoning_gym"] = "toy_task"
     toy_task: ToyTaskConfig = ToyTaskConfig()
+    # For source=reasoning_gym: the tasks, how many rows, and their seed.
+    reasoning_gym: ReasoningGymConfig | None = None
     # For source=file: local files with `prompt_column` (or `messages_column`) and `target_column`.
     path: str | None = None
     eval_path: str | None = None
@@ -91,6 +95,13 @@ def load_prompt_rows(cfg: PromptDataConfig) -> tuple[list[Row], list[Row]]:
     """(train rows, eval rows); each row is {"prompt", "target"}."""
     if cfg.source == "toy_task":
         train, evaluation = make_splits(cfg.toy_task)
+    elif cfg.source == "reasoning_gym":
+        if cfg.reasoning_gym is None:
+            raise ValueError(
+                "dataset.reasoning_gym is required when dataset.source is 'reasoning_gym': give its tasks, "
+                "e.g. dataset.reasoning_gym: {tasks: [{name: chain_sum}]}"
+            )
+        train, evaluation = make_reasoning_gym_rows(cfg.reasoning_gym)
     else:
         if cfg.path is None:
             raise ValueError("dataset.path is required when dataset.source is 'file'")

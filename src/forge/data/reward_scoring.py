@@ -17,6 +17,12 @@ Calls run at once share the machine's cores: a reward function that needs second
 wants a ``timeout_s`` well above that. Only plain data comes back from the worker.
 The worker exits when its pipe from this process closes: at `close`, or when this process
 dies however it dies; its forked processes die with it.
+
+A group reward function (`forge.data.group_rewards`) is called once per group, in the same
+batch and under the same limits; a call of it that fails scores ``error_reward`` for every
+response of its group and counts once. A reward server (``remote``, `forge.data.remote_reward`)
+scores the same responses over HTTP, in threads of this process, while the worker runs: it has
+its own timeouts and retries, and scores ``error_reward`` where it fails.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import subprocess
 import sys
 from multiprocessing.connection import Connection
 
+from forge.data.group_rewards import is_group_reward
+from forge.data.remote_reward import REMOTE, RemoteRewardConfig, RemoteScorer
 from forge.data.reward_worker import ERROR, TIMEOUT, Call, Outcome, call_here
 from forge.data.rewards import get_reward_fn
 from forge.observability import Reduce, record_metric
@@ -101,56 +109,120 @@ class RewardWorker:
 
 
 class RewardScorer:
-    """Scores responses with weighted reward functions (see the module docstring).
+    """Scores responses with weighted reward functions (see the module docstring) and, with
+    ``remote``, a reward server (`forge.data.remote_reward`), group by group.
 
     ``timeout_s=None`` runs the functions in this process, with no time limit.
     """
 
     def __init__(
-        self, functions: list[tuple[str, float]], error_reward: float = 0.0, timeout_s: float | None = None
+        self,
+        functions: list[tuple[str, float]],
+        error_reward: float = 0.0,
+        timeout_s: float | None = None,
+        remote: RemoteRewardConfig | None = None,
     ):
         self.functions = [(name, weight, get_reward_fn(name)) for name, weight in functions]
         self.error_reward = error_reward
-        # Since the start, for messages that explain a run's state (e.g. a starving trainer).
-        self.counts = {"errors": 0, "timeouts": 0}
+        self._counts = {"errors": 0, "timeouts": 0}
         self._worker = RewardWorker([name for name, _ in functions], timeout_s) if timeout_s else None
+        self._remote = RemoteScorer(remote, error_reward) if remote is not None else None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Failed calls since the start (of a function on a response or a group, or a request to
+        the reward server), for messages that explain a run's state (e.g. a starving trainer)."""
+        remote = self._remote.counts if self._remote is not None else {}
+        return {kind: n + remote.get(kind, 0) for kind, n in self._counts.items()}
 
     def score(self, prompt: str, response: str, target: str) -> tuple[float, dict[str, float]]:
-        """(weighted total, {function name: its value})."""
+        """(weighted total, {function name: its value}) of one response, a group of its own."""
         return self.score_many([(prompt, response, target)])[0]
 
     def score_many(self, items: list[tuple[str, str, str]]) -> list[tuple[float, dict[str, float]]]:
-        """`score` of each (prompt, response, target), in one batch of calls to the worker."""
-        calls = [(i, *item) for item in items for i in range(len(self.functions))]
-        if self._worker is not None:
-            outcomes = self._worker.run(calls)
-        else:
-            outcomes = [call_here(self.functions[i][2], p, r, t) for i, p, r, t in calls]
-        scores, per_item = [], len(self.functions)
-        for start, (_, response, _) in zip(range(0, len(calls), per_item), items, strict=True):
-            total, breakdown = 0.0, {}
-            for (name, weight, _), outcome in zip(
-                self.functions, outcomes[start : start + per_item], strict=True
-            ):
-                value = self._value(name, outcome, response)
-                breakdown[name] = value
-                record_metric(f"reward/{name}", value, Reduce.MEAN)
-                total += weight * value
-            record_metric("reward/total", total, Reduce.MEAN)
-            scores.append((total, breakdown))
+        """`score` of each (prompt, response, target), in one batch."""
+        groups = self.score_groups(
+            [[p] for p, _, _ in items], [[r] for _, r, _ in items], [t for *_, t in items]
+        )
+        return [group_scores for [group_scores] in groups]
+
+    def score_groups(
+        self, prompts: list[list[str]], responses: list[list[str]], targets: list[str]
+    ) -> list[list[tuple[float, dict[str, float]]]]:
+        """(weighted total, {function name: its value}) of each response of each group (its
+        prompts, its responses, its target), in one batch of calls to the worker: one call per
+        response of each function, one per group of each group function, while the reward
+        server scores the same responses."""
+        groups = [
+            [(p, r, target) for p, r in zip(group_prompts, group, strict=True)]
+            for group_prompts, group, target in zip(prompts, responses, targets, strict=True)
+        ]
+        # The reward server scores the responses while the worker runs the functions.
+        items = [item for group in groups for item in group]
+        remote = self._remote.submit(items) if self._remote is not None else None
+        breakdowns = self._function_values(groups)
+        weights = [(name, weight) for name, weight, _ in self.functions]
+        if remote is not None:
+            remote_values = iter(remote.result())
+            weights.append((REMOTE, self._remote.cfg.weight))
+        scores = []
+        for group_breakdowns in breakdowns:
+            scores.append([])
+            for breakdown in group_breakdowns:
+                if remote is not None:
+                    breakdown[REMOTE] = next(remote_values)
+                total = 0.0
+                for name, weight in weights:
+                    record_metric(f"reward/{name}", breakdown[name], Reduce.MEAN)
+                    total += weight * breakdown[name]
+                record_metric("reward/total", total, Reduce.MEAN)
+                scores[-1].append((total, breakdown))
         return scores
 
-    def _value(self, name: str, outcome: Outcome, response: str) -> float:
+    def _function_values(self, groups: list[list[tuple[str, str, str]]]) -> list[list[dict[str, float]]]:
+        """{function name: its value} of each response of each group of (prompt, response, target)."""
+        calls: list[Call] = []
+        positions: list[tuple[int, range]] = []  # the group and the responses each call scores
+        for g, group in enumerate(groups):
+            for i, (_, _, fn) in enumerate(self.functions):
+                if not is_group_reward(fn):
+                    calls += [(i, *item) for item in group]
+                    positions += [(g, range(j, j + 1)) for j in range(len(group))]
+                elif group:
+                    calls.append((i, *(list(column) for column in zip(*group, strict=True))))
+                    positions.append((g, range(len(group))))
+        values = [[{} for _ in group] for group in groups]
+        for (i, _, response, _), (g, scored), outcome in zip(calls, positions, self._run(calls), strict=True):
+            name = self.functions[i][0]
+            for j, value in zip(scored, self._values(name, outcome, response, len(scored)), strict=True):
+                values[g][j][name] = value
+        return values
+
+    def _run(self, calls: list[Call]) -> list[Outcome]:
+        if not calls:  # no functions, only the reward server: no worker to start
+            return []
+        if self._worker is not None:
+            return self._worker.run(calls)
+        return [call_here(self.functions[i][2], p, r, t) for i, p, r, t in calls]
+
+    def _values(self, name: str, outcome: Outcome, response: str | list[str], size: int) -> list[float]:
+        """The values a call's outcome gives its `size` responses: `error_reward` for each when
+        it failed (counted once: one call failed)."""
         if not isinstance(outcome, tuple):
-            return outcome
+            return outcome if isinstance(outcome, list) else [outcome]
         kind, why = outcome
-        logger.warning(
-            "reward function '%s' %s on response %r: scored %s", name, why, response[:200], self.error_reward
+        scored = (
+            f"the group of {size} responses starting {response[0][:200]!r}"
+            if isinstance(response, list)
+            else f"response {response[:200]!r}"
         )
+        logger.warning("reward function '%s' %s on %s: scored %s", name, why, scored, self.error_reward)
         record_metric(f"reward/{name}/{COUNTERS[kind]}", 1, Reduce.SUM)
-        self.counts[COUNTERS[kind]] += 1
-        return self.error_reward
+        self._counts[COUNTERS[kind]] += 1
+        return [self.error_reward] * size
 
     def close(self) -> None:
         if self._worker is not None:
             self._worker.close()
+        if self._remote is not None:
+            self._remote.close()

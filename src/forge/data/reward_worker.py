@@ -10,8 +10,11 @@ process, flood its output) costs only its runner, and the worker always answers.
 when its pipe from the parent closes, which is when the parent closes it or dies; runners
 die with it.
 
-Outcomes are plain data (a float, or a (kind, why) pair of strings): this module runs as the
-script ``__main__``, and an instance of a class defined here would not unpickle in the parent.
+A call of a group reward function (`forge.data.group_rewards`) scores a whole group: its
+prompt, response and target are the group's lists, and its outcome is a list of floats, one
+per response. Outcomes are plain data (a float, a list of floats, or a (kind, why) pair of
+strings): this module runs as the script ``__main__``, and an instance of a class defined here
+would not unpickle in the parent.
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ import traceback
 from collections import deque
 from multiprocessing.connection import Connection, wait
 
+from forge.data.group_rewards import GroupRewardFn, is_group_reward
 from forge.data.rewards import RewardFn, get_reward_fn
 
-Call = tuple[int, str, str, str]  # (function index, prompt, response, target)
+# (function index, prompt, response, target); for a group function, the group's lists of each.
+Call = tuple[int, str, str, str] | tuple[int, list[str], list[str], list[str]]
 ERROR, TIMEOUT = "error", "timeout"
-Outcome = float | tuple[str, str]  # the value, or (ERROR or TIMEOUT, why, for the log)
+# The value (a group function's: one per response), or (ERROR or TIMEOUT, why, for the log).
+Outcome = float | list[float] | tuple[str, str]
 
 # Runners alive at once: the batch's hung calls beyond this many wait for a free one.
 MAX_RUNNERS = 64
@@ -40,21 +46,50 @@ MESSAGE_CHARS = 500
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
-def call_here(fn: RewardFn, prompt: str, response: str, target: str) -> Outcome:
-    """One call in this process; anything but a finite number becomes an `ERROR` outcome."""
+class NotScores(Exception):
+    """A reward function returned something other than its scores (the message says what)."""
+
+
+def call_here(fn: RewardFn | GroupRewardFn, prompt, response, target) -> Outcome:
+    """One call in this process: a finite number (a group function's: one per response, see
+    `Call`); anything else becomes an `ERROR` outcome."""
     try:
         value = fn(prompt, response, target)
-        # Not float(value) alone: it would parse a string such as "0.5". Numbers (int, float,
-        # numpy and torch scalars, ...) define __float__.
-        if not hasattr(type(value), "__float__"):
-            return ERROR, f"returned {type(value).__name__}, not a number"
-        value = float(value)
+        return group_scores(value, len(response)) if is_group_reward(fn) else score(value)
+    except NotScores as e:
+        return ERROR, f"returned {e}"[:MESSAGE_CHARS]
     except (Exception, SystemExit) as e:  # sys.exit() in a reward function is its bug too
         # format_exception_only survives an exception whose str() raises.
         return ERROR, f"raised {''.join(traceback.format_exception_only(e)).strip()}"[:MESSAGE_CHARS]
-    if not math.isfinite(value):
-        return ERROR, f"returned {value}"
-    return value
+
+
+def score(value) -> float:
+    # Not float(value) alone: it would parse a string such as "0.5". Numbers (int, float,
+    # numpy and torch scalars, ...) define __float__.
+    if not hasattr(type(value), "__float__"):
+        raise NotScores(f"{type(value).__name__}, not a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise NotScores(str(number))
+    return number
+
+
+def group_scores(values, size: int) -> list[float]:
+    """A group function's scores: any sized sequence of numbers (list, tuple, numpy or torch
+    vector), one per response of its group of `size`."""
+    if isinstance(values, (str, bytes, dict)) or not all(
+        hasattr(type(values), method) for method in ("__len__", "__iter__")
+    ):
+        raise NotScores(f"{type(values).__name__}, not a list of numbers")
+    if len(values) != size:
+        raise NotScores(f"{len(values)} scores for a group of {size} responses")
+    scores = []
+    for position, value in enumerate(values):
+        try:
+            scores.append(score(value))
+        except NotScores as e:
+            raise NotScores(f"{e}, at position {position}") from None
+    return scores
 
 
 class Runner:

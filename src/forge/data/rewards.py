@@ -1,14 +1,22 @@
 """Reward functions: plain callables ``fn(prompt, response, target) -> float``.
 
-Configs name them by their key in ``REWARD_FUNCTIONS``, or by import path
+Configs name them by their key in ``REWARD_FUNCTIONS`` or ``IMPORTED_REWARD_FUNCTIONS``, or by import path
 (``"mypackage.rewards:my_reward"``) for a user's own.
 
 | name          | values                                                                       |
 |---------------|------------------------------------------------------------------------------|
 | `exact_match` | 1.0 when the stripped response, or the content of its last `<answer>` tag, equals the stripped target; else 0.0 |
+| `math_verify` | 1.0 when the answer (the last `<answer>` block, else what math-verify finds in the response: `\\boxed{}` answers first) equals the target as mathematics, by math-verify: `\\sqrt{8}` = `2\\sqrt{2}`, `x=2` = `2`, sets, intervals, `\\dfrac`, units; 0.0 otherwise (`forge.data.math_verify_reward`) |
 | `math_answer` | 1.0 when the answer in the last `\\boxed{...}` or `<answer>...</answer>` equals the target numerically (integers exactly, others to a relative 1e-4) or, when not numeric, as text without whitespace; 0.0 otherwise, including when there is no tagged answer |
 | `format`      | 1.0 for `<think>...</think><answer>...</answer>`, 0.5 for `<answer>...</answer>` alone, 0.25 for one answer block with other text around it, 0.0 otherwise |
 | `toy_task`    | 1.0 for the right number (bare or in `<answer>` tags), 0.1 for a wrong but well-formed integer, 0.0 otherwise |
+| `reasoning_gym` | the score, in [0, 1], of the `<answer>` block by the reasoning-gym task that made the row (`dataset.source: reasoning_gym`; `forge.data.reasoning_gym_reward`) |
+| `distinct`    | a group reward: 1/k for a response that k responses of its group share (whitespace aside), 1.0 for one unlike the others (`forge.data.group_rewards`) |
+
+Math answers: use `math_verify`. `math_answer` is for answers that are plain numbers when the
+cost of SymPy matters (microseconds a call, against milliseconds, and nothing that can hang), or
+when a rounded decimal (``0.3333`` for 1/3) or ``1e3`` must count; it scores 0 for equal
+expressions written differently (tests/data/test_math_verify.py lists where the two disagree).
 """
 
 import importlib
@@ -18,6 +26,8 @@ from fractions import Fraction
 from typing import Annotated
 
 from pydantic import AfterValidator
+
+from forge.data.group_rewards import distinct_in_group, group_reward  # noqa: F401 (re-exported)
 
 RewardFn = Callable[[str, str, str], float]
 
@@ -137,6 +147,15 @@ REWARD_FUNCTIONS: dict[str, RewardFn] = {
     "math_answer": math_answer,
     "format": format_reward,
     "toy_task": toy_task_reward,
+    "distinct": distinct_in_group,
+}
+
+
+# Built-ins whose libraries are slow to import (SymPy; reasoning-gym's hundred generators), by
+# import path: imported only for a config that names them, so importing this module stays cheap.
+IMPORTED_REWARD_FUNCTIONS: dict[str, str] = {
+    "math_verify": "forge.data.math_verify_reward:math_verify_reward",
+    "reasoning_gym": "forge.data.reasoning_gym_reward:reasoning_gym_reward",
 }
 
 
@@ -146,8 +165,9 @@ def get_reward_fn(name: str) -> RewardFn:
     An import path is resolved in whichever process scores, so the module must be
     importable there (installed, or on PYTHONPATH).
     """
-    if ":" in name:
-        module_name, _, attr = name.partition(":")
+    path = IMPORTED_REWARD_FUNCTIONS.get(name, name)
+    if ":" in path:
+        module_name, _, attr = path.partition(":")
         try:
             fn = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as e:
@@ -158,9 +178,9 @@ def get_reward_fn(name: str) -> RewardFn:
     try:
         return REWARD_FUNCTIONS[name]
     except KeyError:
+        known = sorted([*REWARD_FUNCTIONS, *IMPORTED_REWARD_FUNCTIONS])
         raise ValueError(
-            f"unknown reward function {name!r}; known: {sorted(REWARD_FUNCTIONS)}, "
-            "or give your own as 'package.module:function'"
+            f"unknown reward function {name!r}; known: {known}, or give your own as 'package.module:function'"
         ) from None
 
 

@@ -43,7 +43,7 @@ from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch, pad_sequences, response_rows
 from forge.rl.losses import build_loss
 from forge.rl.ops import compute_logprobs
-from forge.rollout import with_env_reward, without_truncated
+from forge.rollout import score_inputs, with_env_reward, without_truncated
 
 
 def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
@@ -74,7 +74,9 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     loss_fn = build_loss(cfg.trainer.loss.name, **cfg.trainer.loss.params)
     # In this process, with no time limit: one process, one thing at a time (the app's reward
     # actor runs the functions in a worker process it can restart when one hangs).
-    scorer = RewardScorer([(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward)
+    scorer = RewardScorer(
+        [(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward, remote=cfg.reward.remote
+    )
     train_rows, eval_rows = load_prompt_rows(cfg.dataset)
     prompts = PromptCursor(train_rows, cfg.dataset.seed)
     buffer = EpisodeBuffer(cfg.replay_buffer)
@@ -111,11 +113,18 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     def rollout(version: int) -> None:
         rows = [prompts.next() for _ in range(cfg.rollout.prompts_per_step)]
         groups = generate(rows, [r["index"] for r in rows], version, cfg.rollout.group_size)
+        # A group whose environment failed is not scored (counted in rollout/env_failures).
+        rows, groups = [r for r, g in zip(rows, groups, strict=True) if g], [g for g in groups if g]
+        # All groups in one batch, as the reward actor scores them: group functions see each group.
+        inputs = [score_inputs(g) for g in groups]
+        scored_groups = scorer.score_groups(
+            [contexts for contexts, _ in inputs],
+            [answers for _, answers in inputs],
+            [r["target"] for r in rows],
+        )
         episodes = []
-        for row, group in zip(rows, groups, strict=True):
-            if group is None:  # its environment failed (counted in rollout/env_failures)
-                continue
-            scores = [with_env_reward(c, *scorer.score(*c.final_answer, row["target"])) for c in group]
+        for row, group, group_scores in zip(rows, groups, scored_groups, strict=True):
+            scores = [with_env_reward(c, *score) for c, score in zip(group, group_scores, strict=True)]
             for total, _ in scores:
                 record_metric("rollout/reward", total, Reduce.MEAN)
             rewards = torch.tensor([total for total, _ in scores], dtype=torch.float32)

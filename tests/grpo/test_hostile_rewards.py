@@ -1,9 +1,14 @@
 """Reward functions that raise, return None or end their process cost a run nothing: a GRPO
 run with the default reward config (reward.timeout_s 5 s: the functions run in the reward
-worker) completes, counts each function's errors, and leaves no reward worker behind."""
+worker) completes, counts each function's errors, and leaves no reward worker behind. The same
+run also scores with a group function and a reward server (a real one on 127.0.0.1, started
+here): the server gets each rollout's responses in batches, a request it leaves hanging is
+counted and sent again, and every kind shows in the metrics."""
 
 import json
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 from apps.grpo.main import main
@@ -33,6 +38,28 @@ def by_characters(prompt, response, target):
 """
 
 
+class ScoringServer(BaseHTTPRequestHandler):
+    """Scores len(response) % 3; leaves its first request without an answer."""
+
+    batches: list[int] = []
+    release = threading.Event()
+
+    def do_POST(self):
+        items = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["items"]
+        self.batches.append(len(items))
+        if len(self.batches) == 1:
+            self.release.wait()
+            return
+        body = json.dumps({"scores": [len(item["response"]) % 3 for item in items]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
 def reward_workers(marker: str) -> list[psutil.Process]:
     """This test's live reward workers, wherever they are (an orphan is nobody's child)."""
     found = []
@@ -59,10 +86,22 @@ def test_a_run_with_hostile_rewards_completes_and_counts_their_errors(
     marker = str(tmp_path / "exited_once")
     monkeypatch.setenv("HOSTILE_TEST_EXIT_MARKER", marker)
     hostile = [f"hostile_rewards:{name}" for name in ("raises", "returns_none", "exits_once")]
-    functions = ", ".join(f"{{name: '{name}'}}" for name in [*hostile, "hostile_rewards:by_characters"])
-    config = write_grpo_config(reward=f"{{functions: [{functions}]}}")  # timeout_s: the default
-
-    main(["--config", str(config)])
+    functions = [f"{{name: '{name}'}}" for name in [*hostile, "hostile_rewards:by_characters"]]
+    functions.append("{name: distinct, weight: 0.1}")  # a group function
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ScoringServer)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    remote = (
+        f"{{url: 'http://127.0.0.1:{server.server_port}/score', batch_size: 4, timeout_s: 1.0, "
+        "retries: 1, retry_backoff_s: 0.01}"
+    )
+    # timeout_s: the default
+    config = write_grpo_config(reward=f"{{functions: [{', '.join(functions)}], remote: {remote}}}")
+    try:
+        main(["--config", str(config)])
+    finally:
+        ScoringServer.release.set()
+        server.shutdown()
+        server.server_close()
 
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
@@ -71,5 +110,12 @@ def test_a_run_with_hostile_rewards_completes_and_counts_their_errors(
     assert errors["hostile_rewards:exits_once"] == 1  # then it returned 0.0
     assert all(r["train/skipped"] == 0 for r in rows[1:])
     assert not any(f"reward/{name}/timeouts" in r for r in rows for name in hostile)
+    trained = rows[1:]
+    assert all(f"reward/{name}" in r for r in trained for name in ("distinct", "remote")), trained
+    assert sum(r.get("reward/remote/timeouts", 0) for r in rows) == 1
+    assert sum(r.get("reward/remote/retries", 0) for r in rows) == 1
+    assert not any(f"reward/{name}/errors" in r for r in rows for name in ("distinct", "remote"))
+    # Each rollout: 2 prompts x 4 responses, in two requests of 4 (and the hung one's retry).
+    assert ScoringServer.batches and set(ScoringServer.batches) == {4}
     children_left(15)  # actor processes take a moment to exit after their mesh is stopped
     assert reward_workers(marker) == []

@@ -28,12 +28,13 @@ from forge.actors.generator import Generator
 from forge.actors.reference import ReferenceModel
 from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor
+from forge.actors.reward_models import RewardModels
 from forge.actors.trainer import TitanTrainer
 from forge.config import config_to_dict, parse_args, save_config
 from forge.config.errors import ConfigError
 from forge.controller import get_provisioner, init_provisioner, shutdown, supervision
 from forge.data.chat_prompts import PromptRenderer
-from forge.data.rewards import get_reward_fn
+from forge.data.reward_scoring import RewardScorer
 from forge.envs.turns import TurnRenderer
 from forge.observability import get_metric_logger
 from forge.observability.rollouts import RolloutRecorder, batches_path
@@ -129,6 +130,11 @@ async def _train(cfg: GRPOConfig) -> dict:
     metric_logger = await get_metric_logger(cfg.metrics, config_to_dict(cfg))
     await store.initialize()
     recorder = None
+    # The eval's reward runs contained like the training rewards: a call that raises or hangs
+    # scores 0 (not solved) and is counted in eval/reward/<name>/errors|timeouts.
+    eval_scorer = RewardScorer(
+        [(cfg.eval.reward_fn, 1.0)], timeout_s=cfg.reward.timeout_s, metric_prefix="eval/reward"
+    )
     try:  # from here on the store and the logger are released however start-up ends
         if cfg.metrics.rollouts_path:
             recorder = RolloutRecorder(cfg.metrics.rollouts_path, cfg.metrics.rollouts_every)
@@ -147,6 +153,7 @@ async def _train(cfg: GRPOConfig) -> dict:
             reward,
             advantages,
             reference,
+            reward_models,
         ) = await asyncio.gather(
             DatasetActor.as_actor(cfg.dataset),
             generators.as_service(generator_cfg, probe=cfg.generator.probe)
@@ -180,6 +187,7 @@ async def _train(cfg: GRPOConfig) -> dict:
             )
             if cfg.use_reference
             else asyncio.sleep(0),
+            RewardModels.launch(cfg.reward, gpus),
         )
         if cfg.provisioner.hosts:
             print((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))
@@ -193,12 +201,14 @@ async def _train(cfg: GRPOConfig) -> dict:
             deadline=cfg.generator.deadline,
         )
         eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
-        actors = GRPOActors(dataset, rollouts, trainer, replay_buffer, reward, advantages, reference)
+        actors = GRPOActors(
+            dataset, rollouts, trainer, replay_buffer, reward, advantages, reference, reward_models
+        )
         loops = GRPOLoops(
             cfg,
             actors,
             eval_rows,
-            get_reward_fn(cfg.eval.reward_fn),
+            eval_scorer,
             metric_logger,
             checkpointer(cfg),
             recorder,
@@ -216,6 +226,7 @@ async def _train(cfg: GRPOConfig) -> dict:
         await metric_logger.close()
         await (await get_provisioner()).stop_supervisors()  # no replica is replaced any more
         await store.shutdown()
+        eval_scorer.close()
         if recorder is not None:
             recorder.close()
 

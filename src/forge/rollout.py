@@ -24,6 +24,7 @@ from forge.controller.service import (
     routed,
     session_of,
 )
+from forge.data.reward_scoring import RewardScorer
 from forge.data.types import Completion, Episode
 from forge.envs.rollout import TrajectoryLimits, run_groups
 from forge.envs.turns import TurnRenderer
@@ -99,34 +100,76 @@ def with_env_reward(completion: Completion, total: float, breakdown: dict[str, f
 
 
 async def score_groups(
-    rows: list[dict], groups: list[list[Completion]], reward, advantages
+    rows: list[dict], groups: list[list[Completion]], reward, advantages, reward_models=None
 ) -> list[list[Episode]]:
-    """Rewards, then group-relative advantages, for the completions of each prompt (two calls)."""
+    """Rewards, then group-relative advantages, for the completions of each prompt: one call to
+    the reward actor and, at once, the rollout's calls to each reward model
+    (`forge.actors.reward_models.RewardModels`, weighed into the total), then one to advantages."""
     # Reward functions take the prompt as a string: `Completion.prompt`, a string prompt as
     # written, chat messages as the chat template rendered them; after several turns, the
     # conversation before the model's last turn, which is the response they score.
     inputs = [score_inputs(g) for g in groups]
-    scores = await routed(reward.evaluate_groups)(
-        [contexts for contexts, _ in inputs], [answers for _, answers in inputs], [r["target"] for r in rows]
+    prompts, answers = [p for p, _ in inputs], [a for _, a in inputs]
+    targets = [r["target"] for r in rows]
+    scores, model_scores = await asyncio.gather(
+        routed(reward.evaluate_groups)(prompts, answers, targets),
+        score_with_models(reward_models, prompts, answers, targets),
     )
+    weights = {m.name: m.weight for m, _ in reward_models.models} if reward_models is not None else {}
     scores = [
         [
-            with_env_reward(c, total, breakdown)
-            for c, (total, breakdown) in zip(group, group_scores, strict=True)
+            (*with_env_reward(c, total + weighted(values, weights), {**breakdown, **values}), notes)
+            for c, (total, breakdown), (values, notes) in zip(group, group_scores, group_models, strict=True)
         ]
-        for group, group_scores in zip(groups, scores, strict=True)
+        for group, group_scores, group_models in zip(groups, scores, model_scores, strict=True)
     ]
-    values = await routed(advantages.compute_groups)([[total for total, _ in group] for group in scores])
+    values = await routed(advantages.compute_groups)([[total for total, *_ in group] for group in scores])
     scored = []
     for row, group, group_scores, group_values in zip(rows, groups, scores, values, strict=True):
         group_id = uuid.uuid4().hex
         scored.append(
             [
-                Episode(c, row["target"], group_id, reward=total, reward_breakdown=breakdown, advantage=adv)
-                for c, (total, breakdown), adv in zip(group, group_scores, group_values, strict=True)
+                Episode(
+                    c,
+                    row["target"],
+                    group_id,
+                    reward=total,
+                    reward_breakdown=breakdown,
+                    reward_notes=notes,
+                    advantage=adv,
+                )
+                for c, (total, breakdown, notes), adv in zip(group, group_scores, group_values, strict=True)
             ]
         )
     return scored
+
+
+async def score_with_models(
+    reward_models, prompts: list[list[str]], answers: list[list[str]], targets: list[str]
+) -> list[list[tuple[dict[str, float], dict[str, str]]]]:
+    """({model name: value}, {judge name: its answer}) of each response of each group, from the
+    reward models' calls for the whole rollout; empty dicts without reward models."""
+    sizes = [len(group) for group in answers]
+    if reward_models is None or not reward_models.models:
+        return [[({}, {}) for _ in range(size)] for size in sizes]
+    flat = await reward_models.score(
+        [p for group in prompts for p in group],
+        [a for group in answers for a in group],
+        [t for t, size in zip(targets, sizes, strict=True) for _ in range(size)],
+    )
+    per_response = [
+        (
+            {name: s.values[i] for name, s in flat.items()},
+            {name: s.notes[i] for name, s in flat.items() if s.notes is not None},
+        )
+        for i in range(sum(sizes))
+    ]
+    starts = [sum(sizes[:g]) for g in range(len(sizes))]
+    return [per_response[start : start + size] for start, size in zip(starts, sizes, strict=True)]
+
+
+def weighted(values: dict[str, float], weights: dict[str, float]) -> float:
+    return sum(weights[name] * value for name, value in values.items())
 
 
 def without_truncated(groups: list[list[Episode]]) -> list[list[Episode]]:
@@ -189,6 +232,7 @@ async def rollout_step(
     min_version: int = 0,
     counts: RolloutCounts | None = None,
     recorder: RolloutRecorder | None = None,
+    reward_models=None,
 ) -> list[int]:
     """Samples prompts, rolls out a group of trajectories per prompt with a policy of at least
     `min_version`, scores them and adds them to the buffer.
@@ -215,7 +259,7 @@ async def rollout_step(
     rows, groups = [r for r, g in zip(rows, groups, strict=True) if g], [g for g in groups if g]
     if not groups:
         return []
-    scored = await score_groups(rows, groups, reward, advantages)
+    scored = await score_groups(rows, groups, reward, advantages, reward_models)
     kept = [
         g for g in scored if not skip_groups_without_signal or has_signal(torch.tensor([e.reward for e in g]))
     ]
@@ -242,19 +286,22 @@ async def rollout_step(
 async def greedy_accuracy(
     rollouts: Rollouts,
     rows: list[dict],
-    score_fn,
+    scorer: RewardScorer,
     max_tokens: int,
     min_version: int = 0,
     recorder: RolloutRecorder | None = None,
 ) -> float:
     """Fraction of `rows` whose greedy trajectory, by a policy of at least `min_version`, scores
-    1.0 under `score_fn` (on the model's last turn); the `recorder` gets every answer, as eval
-    records. A row whose environment failed counts as not solved."""
+    1.0 under `scorer` (on the model's last turn); the `recorder` gets every answer, as eval
+    records. A row whose environment failed, or whose score failed (counted by the scorer),
+    counts as not solved."""
     if not rows:
         return float("nan")
     groups = await rollouts.groups(rows, None, min_version, 1, max_tokens=max_tokens, temperature=0.0)
     answered = [(g[0], r["target"]) for g, r in zip(groups, rows, strict=True) if g is not None]
-    scores = [score_fn(*c.final_answer, target) for c, target in answered]
+    items = [(*c.final_answer, target) for c, target in answered]
+    # In a thread: the scorer waits on its worker, at most about two timeout_s when calls hang.
+    scores = [total for total, _ in await asyncio.to_thread(scorer.score_many, items)]
     if recorder is not None:
         recorder.record_eval([c for c, _ in answered], [t for _, t in answered], scores)
     return sum(s == 1.0 for s in scores) / len(rows)

@@ -38,9 +38,10 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
     config = GeneratorConfig(model_path=str(path), sampling={"max_tokens": 12, "seed": 0})
     eval_prompts = []
 
-    def score(prompt, response, target):
-        eval_prompts.append(prompt)
-        return 0.0
+    class RecordingScorer:  # what greedy_accuracy asks of a RewardScorer
+        def score_many(self, items):
+            eval_prompts.extend(prompt for prompt, _, _ in items)
+            return [(0.0, {}) for _ in items]
 
     async def main():
         await store.initialize()
@@ -48,7 +49,9 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
         try:
             groups = await generator.generate_batch.call_one([MESSAGES, "7+8="], n=2)
             rollouts = Rollouts(generator, TurnRenderer(PromptRenderer(tokenizer, "auto")), max_tokens=12)
-            await greedy_accuracy(rollouts, [{"prompt": MESSAGES, "target": "46"}], score, max_tokens=2)
+            await greedy_accuracy(
+                rollouts, [{"prompt": MESSAGES, "target": "46"}], RecordingScorer(), max_tokens=2
+            )
             # One sample key for both calls: the same draws.
             [free] = await generator.generate_batch.call_one([MESSAGES], [0], n=4)
             # A stop string from a sample: the text of its third and fourth tokens.

@@ -1,7 +1,7 @@
 """Reward functions that raise, return None or end their process cost a run nothing: a GRPO
 run with the default reward config (reward.timeout_s 5 s: the functions run in the reward
 worker) completes, counts each function's errors, and leaves no reward worker behind. The same
-run also scores with a group function and a reward server (a real one on 127.0.0.1, started
+run's eval reward raises on every answer, and it also scores with a group function and a reward server (a real one on 127.0.0.1, started
 here): the server gets each rollout's responses in batches, a request it leaves hanging is
 counted and sent again, and every kind shows in the metrics."""
 
@@ -97,7 +97,8 @@ def test_a_run_with_hostile_rewards_completes_and_counts_their_errors(
     # timeout_s: the default
     config = write_grpo_config(reward=f"{{functions: [{', '.join(functions)}], remote: {remote}}}")
     try:
-        main(["--config", str(config)])
+        # The eval's reward raises too: every answer counts as not solved, and the run goes on.
+        main(["--config", str(config), "eval.reward_fn=hostile_rewards:raises"])
     finally:
         ScoringServer.release.set()
         server.shutdown()
@@ -115,6 +116,9 @@ def test_a_run_with_hostile_rewards_completes_and_counts_their_errors(
     assert sum(r.get("reward/remote/timeouts", 0) for r in rows) == 1
     assert sum(r.get("reward/remote/retries", 0) for r in rows) == 1
     assert not any(f"reward/{name}/errors" in r for r in rows for name in ("distinct", "remote"))
+    # 8 eval answers at each of steps 0-3, each scored 0 (not solved) and counted.
+    assert sum(r.get("eval/reward/hostile_rewards:raises/errors", 0) for r in rows) == 32
+    assert all(r["eval/accuracy"] == 0.0 for r in rows)
     # Each rollout: 2 prompts x 4 responses, in two requests of 4 (and the hung one's retry).
     assert ScoringServer.batches and set(ScoringServer.batches) == {4}
     children_left(15)  # actor processes take a moment to exit after their mesh is stopped

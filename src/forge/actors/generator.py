@@ -122,8 +122,11 @@ def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None, toke
 
 
 class Generator(ForgeActor):
-    def __init__(self, cfg: GeneratorConfig):
+    def __init__(self, cfg: GeneratorConfig, follows_policy: bool = True):
         self.cfg = cfg
+        # False: a frozen model (a judge, forge.actors.reward_models) that never loads the
+        # weights the trainer publishes.
+        self.follows_policy = follows_policy
         self.version = 0
         self._unkeyed_calls = 0
 
@@ -186,6 +189,8 @@ class Generator(ForgeActor):
         return self._weights
 
     async def _pick_up_newest(self, min_version: int) -> None:
+        if not self.follows_policy:
+            return
         async with self._loading:
             started = time.perf_counter()
             loaded = await self._puller.pull_newest(self.version, self._receive_buffers(), min_version)

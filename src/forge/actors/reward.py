@@ -3,14 +3,19 @@ server of `reward.remote`."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from monarch.actor import endpoint
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
-from forge.data.remote_reward import RemoteRewardConfig
+from forge.data.judge import DEFAULT_TEMPLATE, JudgeParse, check_template
+from forge.data.remote_reward import REMOTE, RemoteRewardConfig
 from forge.data.reward_scoring import RewardScorer
 from forge.data.rewards import RewardFnName
+from forge.engines.generation import SamplingParams
+from forge.engines.vllm_config import VLLMConfig
 
 
 class RewardFnConfig(ForgeConfigModel):
@@ -18,6 +23,66 @@ class RewardFnConfig(ForgeConfigModel):
     # function decorated with forge.data.group_rewards.group_reward scores a group per call.
     name: RewardFnName
     weight: float = 1.0
+
+
+# What a judge samples unless its `sampling` says otherwise: one greedy answer.
+JUDGE_SAMPLING = SamplingParams(n=1, temperature=0.0, max_tokens=256)
+_JUDGE_KEYS = ("template", "parse", "sampling", "engine", "vllm")
+
+
+class RewardModelConfig(ForgeConfigModel):
+    """A model that scores responses (forge.actors.reward_models), run as a service of
+    `replicas` copies; a failed or hung call is retried on another (or a replacement) replica,
+    and a call that fails for good scores reward.error_reward, counted in
+    reward/<name>/errors or reward/<name>/timeouts."""
+
+    # The key of its value in reward_breakdown and of its metrics (reward/<name>).
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    # A local Hugging Face directory: a *ForSequenceClassification model (classifier) or a causal
+    # LM (judge), with its tokenizer.
+    path: str
+    # classifier: the model's score of (prompt, response) (forge.engines.reward_classifier);
+    # judge: a generative model asked `template`, its answer read by `parse` (forge.data.judge).
+    kind: Literal["classifier", "judge"]
+    weight: float = 1.0
+    # Responses per call (a rollout's responses go out in calls of this many, together, spread
+    # over the replicas); a classifier scores each call in one forward pass.
+    batch_size: int = Field(32, ge=1)
+    replicas: int = Field(1, ge=1)
+    # With GPUs: a GPU of its own, or a share of the trainer's (like the reference model).
+    gpu: Literal["own", "trainer"] = "own"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    # Longest a call may take; a replica that misses it is killed and replaced.
+    timeout_s: float = Field(300.0, gt=0)
+    # Judge only: the question (fields {prompt}, {response}, {target}), how its answer becomes a
+    # score, how it samples (n must be 1), and its engine (as generator.engine and generator.vllm).
+    template: str = DEFAULT_TEMPLATE
+    parse: JudgeParse = JudgeParse()
+    sampling: SamplingParams = JUDGE_SAMPLING
+    engine: Literal["auto", "vllm", "hf"] = "auto"
+    vllm: VLLMConfig = VLLMConfig()
+
+    @field_validator("template")
+    @classmethod
+    def _known_fields(cls, template: str) -> str:
+        return check_template(template)
+
+    @field_validator("sampling")
+    @classmethod
+    def _one_answer(cls, sampling: SamplingParams) -> SamplingParams:
+        if sampling.n != 1:
+            raise ValueError(f"sampling.n is {sampling.n}; a judge answers once: n: 1")
+        return sampling
+
+    @model_validator(mode="after")
+    def _kind_settings(self) -> RewardModelConfig:
+        judge_only = [k for k in _JUDGE_KEYS if k in self.model_fields_set]
+        if self.kind == "classifier" and judge_only:
+            raise ValueError(
+                f"reward model '{self.name}': {judge_only} are settings of a judge, and its kind is "
+                "classifier: remove them, or set kind: judge"
+            )
+        return self
 
 
 class RewardConfig(ForgeConfigModel):
@@ -34,6 +99,22 @@ class RewardConfig(ForgeConfigModel):
     # A reward server that scores batches of responses over HTTP (forge.data.remote_reward),
     # weighed in with the functions as reward/remote.
     remote: RemoteRewardConfig | None = None
+    # Models that score responses too (classifiers and generative judges), each weighed in as
+    # reward/<name>.
+    models: list[RewardModelConfig] = []
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> RewardConfig:
+        taken = {f.name: "a reward function" for f in self.functions}
+        taken |= {REMOTE: "the reward server", "env": "the environment's reward", "total": "the total"}
+        for model in self.models:
+            if model.name in taken:
+                raise ValueError(
+                    f"reward.models: the name '{model.name}' is taken by {taken[model.name]}: give each "
+                    "model a name of its own (it keys reward_breakdown and the reward/<name> metrics)"
+                )
+            taken[model.name] = "another reward model"
+        return self
 
 
 class RewardActor(ForgeActor):

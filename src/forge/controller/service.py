@@ -50,6 +50,10 @@ class ReplicaFailedError(RuntimeError):
     """The replica serving a request died (its process failed)."""
 
 
+class ReplicaHungError(ReplicaFailedError):
+    """The replica serving a request missed its deadline (it was killed)."""
+
+
 class NoHealthyReplicaError(RuntimeError):
     pass
 
@@ -337,7 +341,7 @@ class Service:
                 call_task.cancel()
                 if not failed_task.done():
                     self._hung(replica, f"no answer to {endpoint_name}() within {deadline_s:.0f} s")
-                    raise ReplicaFailedError(f"replica {replica.name} hung during {endpoint_name}()")
+                    raise ReplicaHungError(f"replica {replica.name} hung during {endpoint_name}()")
                 raise ReplicaFailedError(f"replica {replica.name} died during {endpoint_name}()")
             try:
                 result = call_task.result()

@@ -112,7 +112,8 @@ class RewardScorer:
     """Scores responses with weighted reward functions (see the module docstring) and, with
     ``remote``, a reward server (`forge.data.remote_reward`), group by group.
 
-    ``timeout_s=None`` runs the functions in this process, with no time limit.
+    ``timeout_s=None`` runs the functions in this process, with no time limit. Metrics are
+    recorded under ``metric_prefix`` (``eval/reward`` for the eval's scorer).
     """
 
     def __init__(
@@ -121,8 +122,10 @@ class RewardScorer:
         error_reward: float = 0.0,
         timeout_s: float | None = None,
         remote: RemoteRewardConfig | None = None,
+        metric_prefix: str = "reward",
     ):
         self.functions = [(name, weight, get_reward_fn(name)) for name, weight in functions]
+        self.metric_prefix = metric_prefix
         self.error_reward = error_reward
         self._counts = {"errors": 0, "timeouts": 0}
         self._worker = RewardWorker([name for name, _ in functions], timeout_s) if timeout_s else None
@@ -173,9 +176,9 @@ class RewardScorer:
                     breakdown[REMOTE] = next(remote_values)
                 total = 0.0
                 for name, weight in weights:
-                    record_metric(f"reward/{name}", breakdown[name], Reduce.MEAN)
+                    record_metric(f"{self.metric_prefix}/{name}", breakdown[name], Reduce.MEAN)
                     total += weight * breakdown[name]
-                record_metric("reward/total", total, Reduce.MEAN)
+                record_metric(f"{self.metric_prefix}/total", total, Reduce.MEAN)
                 scores[-1].append((total, breakdown))
         return scores
 
@@ -217,7 +220,7 @@ class RewardScorer:
             else f"response {response[:200]!r}"
         )
         logger.warning("reward function '%s' %s on %s: scored %s", name, why, scored, self.error_reward)
-        record_metric(f"reward/{name}/{COUNTERS[kind]}", 1, Reduce.SUM)
+        record_metric(f"{self.metric_prefix}/{name}/{COUNTERS[kind]}", 1, Reduce.SUM)
         self._counts[COUNTERS[kind]] += 1
         return [self.error_reward] * size
 

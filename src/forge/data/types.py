@@ -92,9 +92,9 @@ class Completion:
 class Episode:
     """A completion on its way to training: scored, given an advantage, and grouped.
 
-    ``reward``, ``reward_breakdown`` (one entry per reward function), ``advantage`` and
-    ``ref_logprobs`` start empty and are filled in by the reward, advantage and reference
-    stages. Episodes sampled from the same prompt share a ``group_id``; ``episode_id`` names
+    ``reward``, ``reward_breakdown`` (one entry per reward function and reward model),
+    ``advantage`` and ``ref_logprobs`` start empty and are filled in by the reward, advantage
+    and reference stages; ``reward_notes`` holds what a judge model answered, by its name. Episodes sampled from the same prompt share a ``group_id``; ``episode_id`` names
     one episode in rollout records and in the replay buffer's record of training batches.
     """
 
@@ -103,6 +103,7 @@ class Episode:
     group_id: str
     reward: float = 0.0
     reward_breakdown: dict[str, float] = field(default_factory=dict)
+    reward_notes: dict[str, str] = field(default_factory=dict)
     advantage: float = 0.0
     ref_logprobs: list[float] | None = None
     episode_id: str = field(default_factory=lambda: uuid.uuid4().hex)

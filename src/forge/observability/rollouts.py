@@ -55,6 +55,8 @@ RECORD_FIELDS = (
 )
 # What a record of a multi-turn trajectory adds (training and eval records alike).
 TURN_FIELDS = ("turns", "truncated", "response_mask")
+# What a training record adds when a judge model scored it: its answers, by the judge's name.
+NOTE_FIELDS = ("reward_notes",)
 
 
 def _encode(typecode: str, values: list | None) -> str | None:
@@ -120,6 +122,7 @@ def episode_record(step: int, episode: Episode) -> dict[str, Any]:
         "logprobs": encode_floats(c.logprobs),
         "ref_logprobs": encode_floats(episode.ref_logprobs),
         **turn_fields(c),
+        **({"reward_notes": episode.reward_notes} if episode.reward_notes else {}),
     }
 
 

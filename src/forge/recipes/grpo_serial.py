@@ -52,6 +52,11 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     "eval_accuracy": [(step, accuracy), ...] from step 0}`; `on_step(step, row)` sees each
     row as it is made. Runs torch on `cfg.actor_threads` threads, as each of the app's
     actors does."""
+    if cfg.reward.models:
+        raise ValueError(
+            f"reward.models ({', '.join(m.name for m in cfg.reward.models)}): the serial recipe runs no "
+            "reward models; train with apps.grpo.main, or remove reward.models"
+        )
     if cfg.actor_threads is not None:
         torch.set_num_threads(cfg.actor_threads)
     torch.manual_seed(cfg.seed)

@@ -33,7 +33,34 @@ def check_run_inputs(cfg) -> None:
 
         LocalEnvironments(cfg.env.name, cfg.env.params)
     check_eval_set(evaluation, cfg.eval.every)
+    check_reward_models(cfg.reward.models)
     check_output_dirs(cfg)  # last: it creates output_dir, which a refused run should not leave
+
+
+# What config.json's `architectures` of each kind of reward model ends with.
+_REWARD_MODEL_HEADS = {
+    "classifier": ("ForSequenceClassification",),
+    "judge": ("ForCausalLM", "ForConditionalGeneration"),
+}
+
+
+def check_reward_models(models) -> None:
+    """Each of `reward.models` (`forge.actors.reward.RewardModelConfig`) is a local model
+    directory whose architecture fits its kind: a classifier needs a score head, a judge a
+    language-model head."""
+    import json
+
+    for i, m in enumerate(models):
+        key = f"reward.models[{i}].path"
+        check_model_dir(m.path, key)
+        architectures = json.loads((Path(m.path) / "config.json").read_text()).get("architectures") or []
+        heads = _REWARD_MODEL_HEADS[m.kind]
+        if not any(a.endswith(heads) for a in architectures):
+            raise ValueError(
+                f"{key}: '{m.path}' is a {architectures or 'model of unknown architecture'}, and reward model "
+                f"'{m.name}' is a {m.kind}, which needs an architecture ending in {' or '.join(heads)} "
+                "(config.json's architectures): point it at such a model, or change its kind"
+            )
 
 
 def check_output_dirs(cfg) -> None:

@@ -36,7 +36,8 @@ from forge.staleness import StalenessBound
 
 @dataclass
 class GRPOActors:
-    """The handles the loops drive (trainer and reference None when the config has none)."""
+    """The handles the loops drive (trainer and reference None when the config has none;
+    reward_models: forge.actors.reward_models.RewardModels, or None for none)."""
 
     dataset: Any
     rollouts: Rollouts
@@ -45,6 +46,7 @@ class GRPOActors:
     reward: Any
     advantages: Any
     reference: Any
+    reward_models: Any = None
 
 
 def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, str]:
@@ -73,12 +75,12 @@ class GRPOLoops:
         cfg,
         actors: GRPOActors,
         eval_rows: list[dict],
-        score_fn,
+        eval_scorer,
         metric_logger,
         checkpoints: RunCheckpointer,
         recorder: RolloutRecorder | None,
     ):
-        self.cfg, self.actors, self.eval_rows, self.score_fn = cfg, actors, eval_rows, score_fn
+        self.cfg, self.actors, self.eval_rows, self.eval_scorer = cfg, actors, eval_rows, eval_scorer
         self.metric_logger, self.checkpoints, self.recorder = metric_logger, checkpoints, recorder
         # Without a trainer the policy never changes, so no episode can grow stale.
         max_age = cfg.replay_buffer.max_policy_age if cfg.trainer.enabled else cfg.max_steps
@@ -144,6 +146,7 @@ class GRPOLoops:
                         min_version=min_version,
                         counts=self.counts,
                         recorder=self.recorder,
+                        reward_models=a.reward_models,
                     )
             finally:
                 await self.bound.finish_rollout(episodes, added)
@@ -159,7 +162,7 @@ class GRPOLoops:
         return await greedy_accuracy(
             self.actors.rollouts,
             self.eval_rows,
-            self.score_fn,
+            self.eval_scorer,
             self.cfg.eval.max_tokens,
             version,
             self.recorder,

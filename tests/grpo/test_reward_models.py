@@ -1,0 +1,184 @@
+"""Reward models as services (forge.actors.reward_models): a rollout's responses reach each model
+in batched calls, a judge's answers are kept, and a replica that dies or hangs is replaced with
+its call retried; a lone model that hangs scores error_reward, counted, and the rollout goes on."""
+
+import asyncio
+import json
+import os
+import signal
+
+import pytest
+from apps.grpo.main import main
+from reward_checkpoints import make_classifier
+
+from forge.actors.reward import RewardConfig
+from forge.actors.reward_models import ClassifierRewardModel, RewardModels
+from forge.controller import ProvisionerConfig, init_provisioner, shutdown
+from forge.data.judge import JudgeParse
+from forge.engines.reward_classifier import ClassifierRewardEngine
+from forge.observability.rollouts import read_records
+from forge.rollout import score_with_models
+from forge.runs.checks import check_reward_models
+
+PROMPTS = [["1+1=", "1+1=", "1+1=", "1+1="], ["2+5=", "2+5=", "2+5=", "2+5="]]
+ANSWERS = [["2", "3", "11", "2<eos>"], ["7", "25", "0", "7"]]
+TARGETS = ["2", "7"]
+ERROR_REWARD = -1.0
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    return make_classifier(tmp_path_factory.mktemp("rm"))
+
+
+def expected_scores(classifier) -> list[float]:
+    engine = ClassifierRewardEngine(str(classifier))
+    return engine.score([p for g in PROMPTS for p in g], [a for g in ANSWERS for a in g])
+
+
+def reward_config(classifier, judge=None, **classifier_settings) -> RewardConfig:
+    models = [{"name": "rm", "path": str(classifier), "kind": "classifier", **classifier_settings}]
+    if judge is not None:
+        models.append(
+            {
+                "name": "judge",
+                "path": str(judge),
+                "kind": "judge",
+                "engine": "hf",
+                "sampling": {"max_tokens": 6},
+            }
+        )
+    return RewardConfig.model_validate({"error_reward": ERROR_REWARD, "models": models})
+
+
+def flat_values(scored, name: str) -> list[float]:
+    return [values[name] for group in scored for values, _ in group]
+
+
+async def pid_of(actor) -> int:
+    return (await actor.process.call_one())[1]
+
+
+def test_a_rollout_is_scored_in_batched_calls_and_the_judges_answers_are_kept(classifier, tiny_policy):
+    async def main():
+        await init_provisioner(ProvisionerConfig())
+        models = await RewardModels.launch(reward_config(classifier, tiny_policy, batch_size=4), gpus=False)
+        try:
+            scored = await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
+            (_, rm), (_, judge) = models.models
+            served = {name: sum(r["served"] for r in h.stats()) for name, h in (("rm", rm), ("judge", judge))}
+            return models, scored, served
+        finally:
+            await shutdown()
+
+    models, scored, served = asyncio.run(main())
+    # 8 responses: two calls of batch_size 4 to the classifier, one call to the judge.
+    assert served == {"rm": 2, "judge": 1}
+    assert flat_values(scored, "rm") == pytest.approx(expected_scores(classifier), abs=1e-5)
+    judge_config = models.models[1][0]
+    answers = [notes["judge"] for group in scored for _, notes in group]
+    assert len(answers) == 8 and all(isinstance(a, str) and a for a in answers)
+    parsed = [judge_config.parse.score(a) for a in answers]
+    assert flat_values(scored, "judge") == [ERROR_REWARD if p is None else p for p in parsed]
+    # The random judge does not answer as asked: each unparsable answer is an error, counted.
+    assert models.counts == {"errors": parsed.count(None), "timeouts": 0}
+
+
+def test_a_replica_that_dies_or_hangs_is_replaced_and_its_call_retried(classifier):
+    async def main():
+        await init_provisioner(ProvisionerConfig())
+        models = await RewardModels.launch(reward_config(classifier, timeout_s=3.0), gpus=False)
+        service = models.models[0][1]
+        try:
+            os.kill(await pid_of(service.replicas[0].actor), signal.SIGKILL)
+            died = await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
+            os.kill(await pid_of(service.replicas[0].actor), signal.SIGSTOP)
+            hung = await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
+            return models, service.replacements, died, hung
+        finally:
+            await shutdown()
+
+    models, replacements, died, hung = asyncio.run(main())
+    expected = pytest.approx(expected_scores(classifier), abs=1e-5)
+    assert replacements == 2
+    assert flat_values(died, "rm") == expected and flat_values(hung, "rm") == expected
+    assert models.counts == {"errors": 0, "timeouts": 0}
+
+
+def test_a_lone_model_that_hangs_scores_error_reward_and_is_counted(classifier):
+    async def main():
+        await init_provisioner(ProvisionerConfig())
+        cfg = reward_config(classifier, timeout_s=2.0).models[0]
+        actor = await ClassifierRewardModel.as_actor(cfg.path, cfg.batch_size)
+        models = RewardModels([(cfg, actor)], ERROR_REWARD)
+        try:
+            os.kill(await pid_of(actor), signal.SIGSTOP)
+            return models, await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
+        finally:
+            await shutdown()
+
+    models, scored = asyncio.run(main())
+    assert flat_values(scored, "rm") == [ERROR_REWARD] * 8
+    assert models.counts == {"errors": 0, "timeouts": 1}
+
+
+def test_a_grpo_run_weighs_in_a_classifier_and_a_judge_and_records_the_judges_answers(
+    classifier, tiny_policy, write_grpo_config
+):
+    models = (
+        f"{{name: rm, path: {classifier}, kind: classifier, weight: 0.5}}, "
+        f"{{name: judge, path: {tiny_policy}, kind: judge, engine: hf, sampling: {{max_tokens: 4}}}}"
+    )
+    config = write_grpo_config(reward=f"{{error_reward: -1.0, models: [{models}]}}")
+    main(["--config", str(config), "max_steps=1", "eval.every=0", "trainer.loss.params.beta=0"])
+    run_dir = config.parent / "run"
+    records = [r for r in read_records(run_dir / "rollouts.jsonl") if not r["eval"]]
+    assert records
+    for r in records:
+        breakdown = r["reward_breakdown"]
+        assert set(breakdown) == {"toy_task", "rm", "judge"}
+        assert r["reward"] == pytest.approx(
+            breakdown["toy_task"] + 0.5 * breakdown["rm"] + breakdown["judge"]
+        )
+        assert isinstance(r["reward_notes"]["judge"], str)
+        assert (
+            breakdown["judge"] == JudgeParse().score(r["reward_notes"]["judge"]) or breakdown["judge"] == -1.0
+        )
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = set().union(*rows)
+    assert {"reward/rm", "reward/judge", "reward/rm/calls", "reward/judge/calls"} <= keys
+
+
+def test_a_reward_model_of_the_wrong_kind_is_refused_before_start_up(classifier, tiny_policy):
+    cfg = RewardConfig.model_validate(
+        {"models": [{"name": "rm", "path": str(tiny_policy), "kind": "classifier"}]}
+    )
+    with pytest.raises(ValueError, match=r"reward.models\[0\].path: .* needs an architecture ending in "):
+        check_reward_models(cfg.models)
+    missing = RewardConfig.model_validate({"models": [{"name": "j", "path": "/nowhere", "kind": "judge"}]})
+    with pytest.raises(FileNotFoundError, match=r"reward.models\[0\].path: model directory '/nowhere'"):
+        check_reward_models(missing.models)
+    check_reward_models(reward_config(classifier, tiny_policy).models)
+
+
+class Answers:
+    """An endpoint's `call_one` that returns (or raises) what it is given, in this process."""
+
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    async def call_one(self, *args, **kwargs):
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        return self.outcome
+
+
+def test_a_non_finite_score_or_a_raising_endpoint_scores_error_reward_and_is_counted(classifier):
+    cfg = reward_config(classifier).models[0]
+    nan_model = type("Model", (), {"score": Answers([0.5, float("nan")])})()
+    raising_model = type("Model", (), {"score": Answers(RuntimeError("CUDA out of memory"))})()
+    for handle, expected in ((nan_model, [0.5, ERROR_REWARD]), (raising_model, [ERROR_REWARD] * 2)):
+        models = RewardModels([(cfg, handle)], ERROR_REWARD)
+        scored = asyncio.run(models.score(["1+1="] * 2, ["2", "3"], ["2"] * 2))
+        assert scored["rm"].values == expected
+        assert models.counts == {"errors": 1, "timeouts": 0}

@@ -1,12 +1,10 @@
 """Bad input to the GRPO app fails at start-up with a message naming what to fix."""
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 from apps.grpo.main import main
-from processes import children_left
 from startup_errors import startup_error
 
 from forge.data.tokenizer import embedded_tokenizer
@@ -258,33 +256,3 @@ def test_an_output_dir_that_cannot_be_written_is_refused(write_grpo_config, tmp_
     if Path("/sys/kernel").is_dir():  # an existing folder that not even root can write to
         err = refused_before_start(capsys, write_grpo_config(), "output_dir=/sys/kernel")
         assert "output_dir: cannot write to /sys/kernel (Permission denied)" in err
-
-
-def test_eval_every_0_never_evaluates_and_writes_no_nan(write_grpo_config, tmp_path):
-    # No eval set at all: with eval.every=0 none is needed, and none may be scored (an empty
-    # set's accuracy is NaN).
-    out = tmp_path / "run"
-    history = main(
-        [
-            "--config",
-            str(write_grpo_config()),
-            "eval.every=0",
-            "dataset.toy_task.num_eval=0",
-            "max_steps=2",
-            f"metrics.tensorboard_dir={out / 'tensorboard'}",
-        ]
-    )
-    assert history["eval_accuracy"] == []
-    text = (out / "metrics.jsonl").read_text()
-    assert "NaN" not in text and "Infinity" not in text
-    rows = [json.loads(line) for line in text.splitlines()]
-    assert [row["step"] for row in rows] == [1, 2]  # no eval before step 1
-    assert [key for row in rows for key in row if key.startswith("eval/") or row[key] is None] == []
-    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
-    assert records and not any(record["eval"] for record in records)
-    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    events = accumulator.EventAccumulator(str(out / "tensorboard"))
-    events.Reload()
-    assert [e.step for e in events.Scalars("loss/pg")] == [1, 2]
-    assert not [tag for tag in events.Tags()["scalars"] if tag.startswith("eval/")]
-    assert children_left(15) == []

@@ -9,6 +9,7 @@ import signal
 
 import pytest
 from apps.grpo.main import main
+from processes import children_left
 from reward_checkpoints import make_classifier
 
 from forge.actors.reward import RewardConfig
@@ -125,13 +126,25 @@ def test_a_lone_model_that_hangs_scores_error_reward_and_is_counted(classifier):
 def test_a_grpo_run_weighs_in_a_classifier_and_a_judge_and_records_the_judges_answers(
     classifier, tiny_policy, write_grpo_config
 ):
+    """Also a run with eval.every=0 and no eval set: none is needed, and none may be scored (an
+    empty set's accuracy is NaN): no eval at all, nothing NaN written."""
     models = (
         f"{{name: rm, path: {classifier}, kind: classifier, weight: 0.5}}, "
         f"{{name: judge, path: {tiny_policy}, kind: judge, engine: hf, sampling: {{max_tokens: 4}}}}"
     )
     config = write_grpo_config(reward=f"{{error_reward: -1.0, models: [{models}]}}")
-    main(["--config", str(config), "max_steps=1", "eval.every=0", "trainer.loss.params.beta=0"])
     run_dir = config.parent / "run"
+    history = main(
+        [
+            "--config",
+            str(config),
+            "max_steps=2",
+            "eval.every=0",
+            "dataset.toy_task.num_eval=0",
+            "trainer.loss.params.beta=0",
+            f"metrics.tensorboard_dir={run_dir / 'tensorboard'}",
+        ]
+    )
     records = [r for r in read_records(run_dir / "rollouts.jsonl") if not r["eval"]]
     assert records
     for r in records:
@@ -144,9 +157,23 @@ def test_a_grpo_run_weighs_in_a_classifier_and_a_judge_and_records_the_judges_an
         assert (
             breakdown["judge"] == JudgeParse().score(r["reward_notes"]["judge"]) or breakdown["judge"] == -1.0
         )
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    text = (run_dir / "metrics.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines()]
     keys = set().union(*rows)
     assert {"reward/rm", "reward/judge", "reward/rm/calls", "reward/judge/calls"} <= keys
+
+    # eval.every=0: no eval before step 1, between steps or at the end; nothing NaN.
+    assert history["eval_accuracy"] == []
+    assert "NaN" not in text and "Infinity" not in text
+    assert [row["step"] for row in rows] == [1, 2]
+    assert [key for row in rows for key in row if key.startswith("eval/") or row[key] is None] == []
+    assert not any(record["eval"] for record in read_records(run_dir / "rollouts.jsonl"))
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    events = accumulator.EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss/pg")] == [1, 2]
+    assert not [tag for tag in events.Tags()["scalars"] if tag.startswith("eval/")]
+    assert children_left(15) == []
 
 
 def test_a_reward_model_of_the_wrong_kind_is_refused_before_start_up(classifier, tiny_policy):

@@ -154,6 +154,7 @@ async def _train(cfg: GRPOConfig) -> dict:
             advantages,
             reference,
             reward_models,
+            _,
         ) = await asyncio.gather(
             DatasetActor.as_actor(cfg.dataset),
             generators.as_service(generator_cfg, probe=cfg.generator.probe)
@@ -188,6 +189,7 @@ async def _train(cfg: GRPOConfig) -> dict:
             if cfg.use_reference
             else asyncio.sleep(0),
             RewardModels.launch(cfg.reward, gpus),
+            asyncio.to_thread(eval_scorer.start),  # not on the initial eval's time
         )
         if cfg.provisioner.hosts:
             print((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))

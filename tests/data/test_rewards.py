@@ -301,7 +301,7 @@ def test_the_worker_and_its_runners_die_with_the_process_that_started_them(tmp_p
 import sys
 from forge.data.reward_scoring import RewardScorer
 scorer = RewardScorer([("{__name__}:_hangs", 1.0)], timeout_s=600)
-scorer._worker._start()
+scorer.start()
 print(scorer._worker._process.pid, flush=True)
 scorer.score("p", "r", "t")
 """

@@ -56,7 +56,10 @@ class RewardWorker:
         self._send: Connection | None = None
         self._receive: Connection | None = None
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Starts the process, unless it runs."""
+        if self._process is not None:
+            return
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         # The child resolves import paths exactly as this process does.
@@ -85,8 +88,7 @@ class RewardWorker:
 
     def run(self, calls: list[Call]) -> list[Outcome]:
         """The outcome of each call, in order (the worker always answers, or dies)."""
-        if self._process is None:
-            self._start()
+        self.start()
         try:
             self._send.send(calls)
             return self._receive.recv()
@@ -130,6 +132,12 @@ class RewardScorer:
         self._counts = {"errors": 0, "timeouts": 0}
         self._worker = RewardWorker([name for name, _ in functions], timeout_s) if timeout_s else None
         self._remote = RemoteScorer(remote, error_reward) if remote is not None else None
+
+    def start(self) -> None:
+        """Starts the worker process now rather than at the first scoring (it takes a second or
+        more to import the functions), e.g. while a run's actors start."""
+        if self._worker is not None:
+            self._worker.start()
 
     @property
     def counts(self) -> dict[str, int]:

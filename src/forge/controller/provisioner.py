@@ -312,21 +312,24 @@ class Provisioner:
         gpus, self._free_gpus = self._free_gpus[:procs], self._free_gpus[procs:]
         return gpus
 
+    def _record_of(self, mesh: ProcMesh) -> _MeshRecord | None:
+        return next((r for r in self._meshes if r.mesh is mesh), None)
+
     def note_processes(self, mesh: ProcMesh, processes: list[tuple[str, int]]) -> None:
         """Records where `mesh`'s processes run, (host name, pid) each, for `kill_proc_mesh`."""
-        record = next((r for r in self._meshes if r.mesh is mesh), None)
+        record = self._record_of(mesh)
         if record is not None:
             record.processes = list(processes)
 
     def kill_proc_mesh(self, mesh: ProcMesh) -> None:
         """SIGKILLs `mesh`'s processes (one that hangs cannot be stopped politely); supervision
         then reports their death, and `stop_proc_mesh` still has to forget the mesh."""
-        record = next((r for r in self._meshes if r.mesh is mesh), None)
+        record = self._record_of(mesh)
         if record is not None:
             kill_processes(record.processes, record.name)
 
     async def stop_proc_mesh(self, mesh: ProcMesh) -> None:
-        record = next((r for r in self._meshes if r.mesh is mesh), None)
+        record = self._record_of(mesh)
         if record is None:
             return
         self._meshes.remove(record)

@@ -65,7 +65,10 @@ class Transport(Protocol):
         """Copies the weights aside now (the trainer changes them next); returns what `put` sends."""
 
     async def put(self, version: int, staged: Any) -> None: ...
-    async def get(self, version: int, into: dict[str, torch.Tensor]) -> None: ...
+    async def get(self, version: int, into: dict[str, torch.Tensor]) -> float | None:
+        """Copies `version` into `into`; returns the wall-clock time its publish started, when
+        the transport knows it (one host), else None."""
+
     async def delete(self, version: int) -> None: ...
     async def versions(self) -> list[int]: ...
     def nbytes(self, staged: Any) -> int: ...
@@ -98,6 +101,7 @@ class StoreTransport:
 
     async def get(self, version: int, into: dict[str, torch.Tensor]) -> None:
         await store.get_state_dict(version, into=into)
+        return None  # hosts' clocks may differ: no publish time
 
     async def delete(self, version: int) -> None:
         await store.delete(version)
@@ -131,7 +135,7 @@ class IpcTransport:
     async def put(self, version: int, staged) -> None:
         await store.put_object(version, staged, self.PREFIX)
 
-    async def get(self, version: int, into: dict[str, torch.Tensor]) -> None:
+    async def get(self, version: int, into: dict[str, torch.Tensor]) -> float:
         from forge.store.cuda_ipc import StaleSlotError
 
         handle = await store.get_object(version, self.PREFIX)
@@ -139,6 +143,7 @@ class IpcTransport:
             self._receiver.receive(handle, into)
         except StaleSlotError as e:  # its slot already holds a newer version: read that one
             raise store.VersionNotFoundError(f"weight version {version}: {e}") from None
+        return handle.published_at
 
     async def delete(self, version: int) -> None:
         await store.delete_object(version, self.PREFIX)
@@ -242,6 +247,8 @@ class WeightPuller:
         # A version that never appears is a wiring fault (the two ends on different transports,
         # or a trainer that died): fail with that, rather than wait forever.
         self.wait_timeout_s = wait_timeout_s
+        # When the last version loaded was published (wall clock), if the transport tells.
+        self.last_published_at: float | None = None
 
     async def _wait(self, version: int, since: float, published: list[int]) -> None:
         if time.monotonic() - since > self.wait_timeout_s:
@@ -290,7 +297,7 @@ class WeightPuller:
     async def _load(self, version: int, into: dict[str, torch.Tensor]) -> None:
         """Copies `version` into `into`, reports the sync, and checks it in verify mode."""
         started = time.perf_counter()
-        await self.transport.get(version, into)
+        self.last_published_at = await self.transport.get(version, into)
         _record_sync("pull", _nbytes(into), time.perf_counter() - started)
         await self._verify(version, into)
 

@@ -1,8 +1,7 @@
 """Generator: samples completions with per-token logprobs; loads new weights from the store.
 
-Monarch runs one endpoint call of an actor at a time, so `update_weights` never lands in
-the middle of a `generate`: requests already running finish on the old weights, and every
-`Completion` carries the version that produced all of its tokens.
+Every `Completion` carries the oldest weights version that produced one of its tokens
+(`policy_version`), and the version of each token when they differ (`token_versions`).
 
 With `sampling.seed` set, a sample is seeded by (seed, its prompt's sample key, its index):
 the rollout passes each prompt's position in the dataset's stream as its key, so a run
@@ -20,10 +19,11 @@ if there is a newer one (`forge.weight_sync.WeightPuller`); a request can ask fo
 
 `generate` and `generate_batch` are concurrent endpoints: each call runs as its own task, so
 the rollout loops' calls reach the engine together. The vLLM engine serves them in shared
-batches from its own thread and loads new weights between requests (running ones finish on
-the old weights, and it reports the version of each result); the native engine samples
-synchronously, so weights never change under it. One weight load runs at a time (a lock:
-they share the receive buffers).
+batches from its own thread and takes new weights as `update_mode` says: `drain` (running
+requests finish on the old weights) or `in_flight` (they continue on the new ones from their
+next token; then a background task also loads each version as soon as it is published, rather
+than at the next request). The native engine samples synchronously, so weights never change
+under it. One weight load runs at a time (a lock: they share the receive buffers).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from forge.controller.liveness import CallDeadline, Probe
 from forge.data.chat_prompts import ChatTemplateSetting, Prompt, PromptRenderer, RenderedPrompt
 from forge.data.types import Completion
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams, sample_seed, to_completions
-from forge.engines.vllm_config import VLLMConfig
+from forge.engines.vllm_config import UpdateMode, VLLMConfig
 from forge.observability import Reduce, record_metric
 from forge.weight_sync import WeightPuller, build_transport
 
@@ -59,6 +59,10 @@ class GeneratorConfig(ForgeConfigModel):
     engine: Literal["auto", "vllm", "hf"] = "auto"
     dtype: Literal["float32", "bfloat16"] = "float32"
     vllm: VLLMConfig = VLLMConfig()
+    # How the vLLM engine takes a new policy version (forge.engines.vllm): `drain` waits for the
+    # running requests to finish on the old weights; `in_flight` applies it between two steps
+    # and the running requests continue on it (per-token versions). The hf engine always drains.
+    update_mode: UpdateMode = "drain"
     sampling: SamplingParams = SamplingParams()
     # How prompts become ids (forge.data.chat_prompts): "auto", "none" or a .jinja path. The
     # GRPO app sets it from dataset.chat_template.
@@ -77,6 +81,16 @@ class GeneratorConfig(ForgeConfigModel):
     # run stops naming it.
     deadline: CallDeadline = CallDeadline()
     probe: Probe = Probe()
+
+    @model_validator(mode="after")
+    def _modes_need_vllm(self) -> GeneratorConfig:
+        for setting, on in (
+            (f"generator.update_mode={self.update_mode}", self.update_mode == "in_flight"),
+            ("generator.vllm.sleep_during_train=true", self.vllm.sleep_during_train),
+        ):
+            if on and self.engine == "hf":
+                raise ValueError(f"{setting} needs generator.engine=vllm (the hf engine samples synchronously)")
+        return self
 
     @model_validator(mode="after")
     def _room_for_samples(self) -> GeneratorConfig:
@@ -108,13 +122,23 @@ def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None, toke
         from forge.engines.vllm import VLLMEngine
 
         return VLLMEngine(
-            cfg.model_path, cfg.vllm, dtype=cfg.dtype, eos_token_id=eos_token_id, tokenizer=tokenizer
+            cfg.model_path,
+            cfg.vllm,
+            dtype=cfg.dtype,
+            eos_token_id=eos_token_id,
+            tokenizer=tokenizer,
+            update_mode=cfg.update_mode,
         )
 
     from transformers import AutoModelForCausalLM
 
     from forge.engines.hf_generate import HFGenerateEngine
 
+    if cfg.update_mode == "in_flight" or cfg.vllm.sleep_during_train:  # engine=auto chose hf
+        raise ValueError(
+            "generator.update_mode=in_flight and generator.vllm.sleep_during_train need the vLLM "
+            "engine, and generator.engine=auto chose hf here (no CUDA or no vllm): set them off"
+        )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=getattr(torch, cfg.dtype)).to(device)
     # The tokenizer's eos is authoritative: an exported config.json may not carry one.
@@ -129,6 +153,7 @@ class Generator(ForgeActor):
         self.follows_policy = follows_policy
         self.version = 0
         self._unkeyed_calls = 0
+        self._follower: asyncio.Task | None = None  # in flight: loads versions as they come
 
     @endpoint
     async def setup(self) -> None:
@@ -147,6 +172,19 @@ class Generator(ForgeActor):
         self._loading = asyncio.Lock()
         # A replica that replaces a dead one starts from the policy being trained, not model_path.
         await self._pick_up_newest(0)
+        if self.follows_policy and getattr(self.engine, "update_mode", "drain") == "in_flight":
+            self._follower = asyncio.create_task(self._follow_policy())
+
+    async def _follow_policy(self, poll_s: float = 0.01) -> None:
+        """In flight: loads each version as soon as it is published, while requests run."""
+        while True:
+            await self._pick_up_newest(0)
+            await asyncio.sleep(poll_s)
+
+    def _check_follower(self) -> None:
+        """A failed background load (a bad transport, a mismatched state dict) fails the next call."""
+        if self._follower is not None and self._follower.done():
+            self._follower.result()
 
     @concurrent_endpoint
     async def generate(self, prompt: Prompt, min_version: int = 0, **sampling: Any) -> list[Completion]:
@@ -191,6 +229,7 @@ class Generator(ForgeActor):
     async def _pick_up_newest(self, min_version: int) -> None:
         if not self.follows_policy:
             return
+        self._check_follower()
         async with self._loading:
             started = time.perf_counter()
             loaded = await self._puller.pull_newest(self.version, self._receive_buffers(), min_version)
@@ -208,6 +247,8 @@ class Generator(ForgeActor):
         self.version = version
         record_metric("generator/version", version, Reduce.MAX)
         record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+        if (published_at := self._puller.last_published_at) is not None:  # one host: one clock
+            record_metric("generator/publish_to_ready_ms", (time.time() - published_at) * 1e3, Reduce.MEAN)
         record_metric(
             "generator/weight_sync_bytes",
             sum(t.numel() * t.element_size() for t in self._weights.values()),
@@ -249,3 +290,11 @@ class Generator(ForgeActor):
     @endpoint
     async def get_version(self) -> int:
         return self.version
+
+    @endpoint
+    async def sleep(self, asleep: bool) -> None:
+        """vLLM sleeps (KV cache freed, weights in host memory) or wakes up: the training loop
+        brackets train steps with it when `generator.vllm.sleep_during_train` is set."""
+        started = time.perf_counter()
+        await self.engine.sleep_async(asleep)
+        record_metric(f"generator/{'sleep' if asleep else 'wake'}_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)

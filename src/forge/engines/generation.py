@@ -78,6 +78,9 @@ class GeneratedSequence:
     token_ids: list[int]
     logprobs: list[float]
     stop_reason: StopReason
+    # The weights version that produced each token, when weights changed while the sample ran
+    # (an in-flight update); None: all of it by the version its engine reports.
+    token_versions: list[int] | None = None
 
 
 class StopStrings:
@@ -106,7 +109,8 @@ class StopStrings:
             return sequence
         for end in range(1, len(sequence.token_ids) + 1):
             if self.ends_with_stop(sequence.token_ids[:end]):
-                return GeneratedSequence(sequence.token_ids[:end], sequence.logprobs[:end], "stop")
+                versions = sequence.token_versions[:end] if sequence.token_versions else None
+                return GeneratedSequence(sequence.token_ids[:end], sequence.logprobs[:end], "stop", versions)
         return sequence
 
 
@@ -154,8 +158,8 @@ class GenerationEngine(ABC):
 
 
 class VersionedSamples(NamedTuple):
-    """What a concurrent engine returns: the samples, and the weights version that produced
-    every one of their tokens."""
+    """What a concurrent engine returns: the samples, and the weights version their first
+    tokens were sampled by (all of them, unless a sample's ``token_versions`` says otherwise)."""
 
     version: int
     samples: list[list[GeneratedSequence]]
@@ -163,9 +167,10 @@ class VersionedSamples(NamedTuple):
 
 class ConcurrentGenerationEngine(GenerationEngine):
     """An engine that serves overlapping requests itself (continuous batching) and changes
-    weights between them: requests running when new weights arrive finish on the old ones,
-    requests that start later run on the new ones. The engine, not its caller, knows which
-    version produced a sample, so it reports it.
+    weights while they run. With ``update_mode == "drain"`` requests running when new weights
+    arrive finish on the old ones and requests that start later run on the new ones; with
+    ``"in_flight"`` the running ones continue on the new weights from their next token. The
+    engine, not its caller, knows which version produced each token, so it reports it.
 
     The async methods never block the event loop they are awaited on, so an actor can keep
     accepting calls while the engine works.
@@ -174,6 +179,7 @@ class ConcurrentGenerationEngine(GenerationEngine):
     # Seconds the last weight update took inside the engine, not counting the wait for the
     # requests that were running.
     last_load_seconds: float = 0.0
+    update_mode: str = "drain"
 
     @abstractmethod
     async def generate_async(
@@ -186,9 +192,10 @@ class ConcurrentGenerationEngine(GenerationEngine):
 
     @abstractmethod
     async def load_hf_state_dict_async(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Loads ``state_dict`` as ``version`` once the requests now running have finished;
-        requests that arrive meanwhile wait and then start on ``version``. Returns when loaded.
-        ``state_dict`` must not change until then."""
+        """Loads ``state_dict`` as ``version``: in drain mode once the requests now running have
+        finished (requests that arrive meanwhile wait, then start on ``version``), in flight
+        at the next step of the running ones. Returns when loaded. ``state_dict`` must not
+        change until then."""
 
 
 def to_completions(
@@ -198,7 +205,8 @@ def to_completions(
     tokenizer,
     policy_version: int,
 ) -> list[list[Completion]]:
-    """An engine's samples as `Completion`s (text decoded without special tokens)."""
+    """An engine's samples as `Completion`s (text decoded without special tokens), each with
+    the oldest version that produced a token of it, and per-token versions when they differ."""
     return [
         [
             Completion(
@@ -208,7 +216,10 @@ def to_completions(
                 logprobs=seq.logprobs,
                 text=tokenizer.decode(seq.token_ids, skip_special_tokens=True),
                 stop_reason=seq.stop_reason,
-                policy_version=policy_version,
+                policy_version=min(seq.token_versions or [policy_version]),
+                token_versions=seq.token_versions
+                if seq.token_versions and len(set(seq.token_versions)) > 1
+                else None,
             )
             for seq in group
         ]

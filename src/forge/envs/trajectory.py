@@ -39,7 +39,7 @@ class Trajectory:
         self.response_ids += turn.response_ids
         self.logprobs += turn.logprobs
         self.mask += [1] * n
-        self.versions += [turn.policy_version] * n
+        self.versions += turn.token_versions or [turn.policy_version] * n
         self.turns.append(Turn("assistant", "", n))  # texts: see to_completion
         self.stop_reason = turn.stop_reason
         self.last_model_text = turn.text
@@ -77,7 +77,7 @@ class Trajectory:
 
     def to_completion(self, tokenizer, single_turn: bool) -> Completion:
         """The trajectory as one ``Completion``. ``single_turn``: a plain one-turn completion
-        (no mask, versions or turns), exactly what the generator returned."""
+        (no mask or turns; versions only when they differ), exactly what the generator returned."""
         text = tokenizer.decode(self.response_ids, skip_special_tokens=True)
         multi = not single_turn
         start = 0
@@ -95,7 +95,7 @@ class Trajectory:
             stop_reason=self.stop_reason,
             policy_version=min(self.versions) if self.versions else 0,
             response_mask=self.mask if multi else None,
-            token_versions=self.versions if multi else None,
+            token_versions=self.versions if multi or len(set(self.versions)) > 1 else None,
             turns=self.turns if multi else None,
             truncated=self.truncated,
         )

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +115,7 @@ class IpcHandle:
     device_uuid: str  # "" for a host-memory slot
     rebuild_args: tuple  # torch's CUDA IPC description of the slot's storage; () on CPU
     host_path: str = ""  # a host-memory slot: the trainer's /proc/<pid>/fd/<fd> of its memfd
+    published_at: float = 0.0  # wall-clock time the trainer started publishing it (one host)
 
 
 class IpcPublisher:
@@ -147,6 +149,7 @@ class IpcPublisher:
         return buffer, reduce_tensor(buffer)[1]
 
     def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> IpcHandle:
+        published_at = time.time()
         layout = FlatLayout.of(state_dict, self.dtype)
         if self.layout is None:
             self.layout = layout
@@ -166,10 +169,10 @@ class IpcPublisher:
         _stamp(buffer).fill_(version)
         shared = self._shared[slot]
         if isinstance(shared, str):
-            return IpcHandle(version, layout, "", (), host_path=shared)
+            return IpcHandle(version, layout, "", (), host_path=shared, published_at=published_at)
         # The handle may be used by another process as soon as it is returned.
         torch.cuda.synchronize(self.device)
-        return IpcHandle(version, layout, _device_uuid(self.device), shared)
+        return IpcHandle(version, layout, _device_uuid(self.device), shared, published_at=published_at)
 
 
 class IpcReceiver:

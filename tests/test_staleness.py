@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from forge.staleness import StalenessBound
+from forge.staleness import RolloutSlot, StalenessBound
 
 
 async def _blocked(coroutine) -> asyncio.Task:
@@ -17,18 +17,19 @@ async def _blocked(coroutine) -> asyncio.Task:
 def test_lockstep_with_max_policy_age_zero():
     async def main():
         bound = StalenessBound(max_policy_age=0, batch_size=8)
-        assert await bound.start_rollout(8) == 0
+        assert await bound.start_rollout(8, group_size=2) == RolloutSlot(0, 8)
         # 8 episodes in flight cover the next batch: a second rollout waits.
-        second = await _blocked(bound.start_rollout(8))
+        second = await _blocked(bound.start_rollout(8, group_size=2))
         batch = await _blocked(bound.wait_for_batch())
-        await bound.finish_rollout(8, [0] * 6)  # two groups had no signal
-        assert await second == 0 and not batch.done()
-        await bound.finish_rollout(8, [0] * 6)
+        await bound.finish_rollout(8, [0] * 6)  # a group had no signal
+        # Only the 2 episodes the batch lacks are worth making.
+        assert await second == RolloutSlot(0, 2) and not batch.done()
+        await bound.finish_rollout(2, [0] * 2)
         await batch
-        third = await _blocked(bound.start_rollout(8))  # 12 buffered: enough until trained
+        third = await _blocked(bound.start_rollout(8, group_size=2))  # 8 buffered: enough until trained
         await bound.trained([0] * 8)
-        # The 4 left over are now too old; the next rollout must use version 1.
-        assert await third == 1 and bound.buffered() == 0
+        # The next rollout must use version 1, for a whole batch.
+        assert await third == RolloutSlot(1, 8) and bound.buffered() == 0
 
     asyncio.run(main())
 
@@ -36,21 +37,40 @@ def test_lockstep_with_max_policy_age_zero():
 def test_one_step_of_staleness_keeps_two_batches_coming():
     async def main():
         bound = StalenessBound(max_policy_age=1, batch_size=4)
-        assert [await bound.start_rollout(4), await bound.start_rollout(4)] == [0, 0]
+        assert [await bound.start_rollout(4), await bound.start_rollout(4)] == [(0, 4), (0, 4)]
         blocked = await _blocked(bound.start_rollout(4))
         await bound.finish_rollout(4, [0] * 4)
         await bound.finish_rollout(4, [0] * 3)
-        assert await blocked == 0  # 7 buffered, 1 short of two batches
-        await bound.finish_rollout(4, [0] * 4)
+        assert await blocked == (0, 1)  # 7 buffered, 1 short of two batches
+        await bound.finish_rollout(1, [0])
         await bound.trained([0] * 4)
-        # Version 0 episodes stay trainable for one more step; rollouts may still use version 0.
-        assert bound.buffered() == 7 and bound.min_rollout_version == 0
+        # Version 0 episodes stay trainable for one more step, which they fill: a rollout now is
+        # for the step after it, so it needs version 1.
+        assert bound.buffered() == 4 and bound.min_rollout_version == 1
         await bound.trained([0] * 4)
         assert bound.buffered() == 0 and bound.min_rollout_version == 1
         # Episodes that arrive already too old are not counted (the buffer evicts them).
         await bound.start_rollout(4)
         await bound.finish_rollout(4, [0, 0, 2, 2])
         assert bound.buffered() == 2
+
+
+def test_a_rollout_needs_the_version_of_the_step_that_will_train_it():
+    """Episodes ahead of a rollout push it to a later step: a rollout started on the policy of
+    now would be too old by the time that step comes, however new its last tokens are."""
+
+    async def main():
+        bound = StalenessBound(max_policy_age=1, batch_size=4)
+        assert await bound.start_rollout(4) == (0, 4)  # trained by step 0 (starts from version 0)
+        assert await bound.start_rollout(4) == (0, 4)  # by step 1: version 0 is still fresh then
+        await bound.finish_rollout(4, [0] * 4)
+        await bound.finish_rollout(4, [0] * 4)
+        await bound.trained([0] * 4)
+        await bound.trained([0] * 4)
+        await bound.start_rollout(4)
+        assert bound.min_rollout_version == 2  # with 4 in flight: the next one is for step 3
+        bound.max_policy_age = 2
+        assert bound.min_rollout_version == 1
 
     asyncio.run(main())
 

@@ -135,9 +135,12 @@ def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None, toke
     from forge.engines.hf_generate import HFGenerateEngine
 
     if cfg.update_mode == "in_flight" or cfg.vllm.sleep_during_train:  # engine=auto chose hf
-        raise ValueError(
-            "generator.update_mode=in_flight and generator.vllm.sleep_during_train need the vLLM "
-            "engine, and generator.engine=auto chose hf here (no CUDA or no vllm): set them off"
+        logger.warning(
+            "generator.engine=auto chose hf here (no CUDA or no vllm): generator.update_mode=%s and "
+            "generator.vllm.sleep_during_train=%s apply to vLLM only; the hf engine takes new weights "
+            "between requests and never sleeps",
+            cfg.update_mode,
+            cfg.vllm.sleep_during_train,
         )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=getattr(torch, cfg.dtype)).to(device)
@@ -295,6 +298,9 @@ class Generator(ForgeActor):
     async def sleep(self, asleep: bool) -> None:
         """vLLM sleeps (KV cache freed, weights in host memory) or wakes up: the training loop
         brackets train steps with it when `generator.vllm.sleep_during_train` is set."""
+        sleep_async = getattr(self.engine, "sleep_async", None)
+        if sleep_async is None:  # the hf engine (generator.engine=auto without vLLM) never sleeps
+            return
         started = time.perf_counter()
-        await self.engine.sleep_async(asleep)
+        await sleep_async(asleep)
         record_metric(f"generator/{'sleep' if asleep else 'wake'}_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)

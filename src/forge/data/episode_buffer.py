@@ -78,6 +78,9 @@ class EpisodeBuffer:
             ep for ep in self._episodes if curr_policy_version - ep.policy_version <= self.cfg.max_policy_age
         ]
         evicted = len(self._episodes) - len(fresh)
+        if evicted:  # the tokens generated in vain, for benchmarks
+            stale_tokens = sum(ep.response_len for ep in self._episodes) - sum(ep.response_len for ep in fresh)
+            record_metric("buffer/evicted_stale_tokens", stale_tokens, Reduce.SUM)
         self._episodes = fresh
         self.counts["evicted_stale"] += evicted
         record_metric("buffer/evicted_stale", evicted, Reduce.SUM)

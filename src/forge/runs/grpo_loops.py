@@ -4,10 +4,12 @@ the replay buffer. The app (apps/grpo/main.py) launches the actors and hands the
     rollout loops (x rollout.threads)            training loop
     ---------------------------------            -------------
     wait: staleness bound allows a rollout       wait: a batch is buffered
-    rows -> trajectories (Generator turns,       ReplayBuffer.sample -> TitanTrainer.train_step
-      environment turns; newest weights, at      TitanTrainer.push_weights(T+1): snapshot, then
-      least version T - max_policy_age)            store put in the background -> generators
-      -> reward -> advantages -> reference         pick it up before their next request
+      (as many groups as the next steps lack)    ReplayBuffer.sample -> TitanTrainer.train_step
+    rows -> trajectories (Generator turns,       TitanTrainer.push_weights(T+1): snapshot, then
+      environment turns; newest weights, at        store put in the background -> generators
+      least the version of the step that will      pick it up before their next request, or
+      train them less max_policy_age)              while it runs (update_mode: in_flight)
+      -> reward -> advantages -> reference
       -> ReplayBuffer.add
 
 The staleness bound (forge.staleness) pauses rollouts whose episodes could only go stale;
@@ -17,6 +19,7 @@ the training loop waits for nothing but a batch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from dataclasses import dataclass
@@ -124,12 +127,13 @@ class GRPOLoops:
             await asyncio.gather(training, *rollout_loops, return_exceptions=True)
 
     async def _rollouts(self) -> None:
-        """Waits for the staleness bound to allow a rollout, then makes one into the buffer."""
+        """Waits for the staleness bound to allow a rollout, then makes one into the buffer: up
+        to `rollout.prompts_per_step` prompts, fewer when the next steps need fewer."""
         cfg, a = self.cfg, self.actors
-        episodes = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+        group_size = cfg.rollout.group_size
         while not self.stop.is_set():
             await wait_for_room(a.replay_buffer, self.counts, lambda: self.bound.version)
-            min_version = await self.bound.start_rollout(episodes)
+            slot = await self.bound.start_rollout(cfg.rollout.prompts_per_step * group_size, group_size)
             added: list[int] = []
             try:
                 async with self.pause.rollout():  # a checkpoint holds new rollouts (see RolloutPause)
@@ -140,16 +144,16 @@ class GRPOLoops:
                         advantages=a.advantages,
                         reference=a.reference,
                         replay_buffer=a.replay_buffer,
-                        prompts_per_step=cfg.rollout.prompts_per_step,
-                        group_size=cfg.rollout.group_size,
+                        prompts_per_step=slot.episodes // group_size,
+                        group_size=group_size,
                         skip_groups_without_signal=cfg.rollout.skip_groups_without_signal,
-                        min_version=min_version,
+                        min_version=slot.min_version,
                         counts=self.counts,
                         recorder=self.recorder,
                         reward_models=a.reward_models,
                     )
             finally:
-                await self.bound.finish_rollout(episodes, added)
+                await self.bound.finish_rollout(slot.episodes, added)
 
     async def _next_batch(self, version: int):
         await self.bound.wait_for_batch()
@@ -192,7 +196,8 @@ class GRPOLoops:
             record_metric("grpo/wait_batch_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
             episode_versions = [int(v) for b in batch for v in b.policy_versions]
             if trainer is not None:  # trainer.enabled=false: only generate and record
-                self.skips.observe(step, next(iter((await trainer.train_step.call(batch)).values())))
+                async with self._generator_asleep():
+                    self.skips.observe(step, next(iter((await trainer.train_step.call(batch)).values())))
                 version += 1
                 sync_started = time.perf_counter()
                 await trainer.push_weights.call(version)
@@ -215,6 +220,20 @@ class GRPOLoops:
         if trainer is not None:
             await trainer.wait_published.call()
         return history
+
+    @contextlib.asynccontextmanager
+    async def _generator_asleep(self):
+        """With `generator.vllm.sleep_during_train`, vLLM gives its GPU memory back for the train
+        step (a serial pipeline: no rollout runs meanwhile, see GRPOConfig)."""
+        if not self.cfg.generator.vllm.sleep_during_train:
+            yield
+            return
+        generator = self.actors.rollouts.generator
+        await generator.sleep.call_one(True)
+        try:
+            yield
+        finally:
+            await generator.sleep.call_one(False)
 
     async def _save(self, step: int, version: int, history: dict) -> None:
         """The step's checkpoint and export, when the config asks for them."""

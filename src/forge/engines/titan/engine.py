@@ -160,7 +160,18 @@ class TitanEngine:
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, T, V]`` for ``tokens`` ``[B, T]``, without an autograd graph."""
         with self._compute_context():
-            return self.model(tokens.to(self.device))
+            return self._logits(tokens.to(self.device))
+
+    def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        # Tensor parallelism comes with sequence parallelism, which splits the sequence evenly
+        # over the TP ranks (torchtitan pads every batch to training.seq_len for it): pad on
+        # the right to its divisor and cut the logits back. Causal attention: padding after a
+        # position changes nothing at it.
+        width = tokens.shape[1]
+        missing = -width % self.parallel_dims.seq_len_divisor if self.parallel_dims.tp_enabled else 0
+        if missing:
+            tokens = torch.nn.functional.pad(tokens, (0, missing))
+        return self.model(tokens)[:, :width]
 
     @property
     def dp_rank(self) -> int:
@@ -202,7 +213,7 @@ class TitanEngine:
         for microbatch in microbatches:
             microbatch = microbatch.to(self.device)
             with self._compute_context():
-                logits = self.model(microbatch.tokens)
+                logits = self._logits(microbatch.tokens)
                 out = loss_fn(logits, microbatch)
             del logits  # free before backward, as torchtitan does
             (out.loss * self._grad_scale).backward()
@@ -217,6 +228,7 @@ class TitanEngine:
         maxima = {name: v.max() for name, v in combined.items() if reductions.get(name) == "max"}
         sums = {name: v.sum() for name, v in combined.items() if name not in maxima}
         sums["train/tokens"] = torch.tensor(batch.tokens.numel())
+        sums["train/response_tokens"] = (batch.loss_mask != 0).sum()  # the generated ones trained
         # Reduced before deciding: every rank sees the same values, so all skip or none does.
         metrics = {
             **self._reduce_over_data_parallel(sums, dist.ReduceOp.SUM),
@@ -237,7 +249,8 @@ class TitanEngine:
         # The schedule and the step count follow the data consumed, skipped or not.
         self.lr_schedulers.step()
         self.step += 1
-        metrics["train/tokens"] = int(metrics["train/tokens"])
+        for name in ("train/tokens", "train/response_tokens"):
+            metrics[name] = int(metrics[name])
         metrics.update(
             {
                 "train/grad_norm": grad_norm,

@@ -1,0 +1,31 @@
+"""What the config refuses about how vLLM takes new weights and sleeps (no process is started)."""
+
+import pytest
+from apps.grpo.config import GRPOConfig
+
+from forge.config import parse_args
+
+
+def load(write_grpo_config, *overrides: str) -> GRPOConfig:
+    return parse_args(GRPOConfig, ["--config", str(write_grpo_config()), *overrides])
+
+
+def test_in_flight_updates_and_sleep_need_vllm(write_grpo_config, capsys):
+    assert load(write_grpo_config, "generator.update_mode=in_flight").generator.update_mode == "in_flight"
+    for setting in ("generator.update_mode=in_flight", "generator.vllm.sleep_during_train=true"):
+        with pytest.raises(SystemExit):
+            load(write_grpo_config, "generator.engine=hf", setting)
+        assert f"{setting} needs generator.engine=vllm" in capsys.readouterr().err
+
+
+def test_sleeping_through_train_steps_needs_a_serial_pipeline_on_one_gpu(write_grpo_config, capsys):
+    sleep = ["generator.vllm.sleep_during_train=true", "replay_buffer.max_policy_age=0"]
+    assert load(write_grpo_config, *sleep, "provisioner.colocate=true").generator.vllm.sleep_during_train
+    with pytest.raises(SystemExit):
+        load(write_grpo_config, "generator.vllm.sleep_during_train=true", "replay_buffer.max_policy_age=1")
+    err = capsys.readouterr().err
+    assert "generator.vllm.sleep_during_train=true: replay_buffer.max_policy_age is 1" in err
+    assert "provisioner.colocate is false" in err
+    with pytest.raises(SystemExit):
+        load(write_grpo_config, *sleep, "provisioner.colocate=true", "generator.replicas=2")
+    assert "generator.replicas is 2: use 1" in capsys.readouterr().err

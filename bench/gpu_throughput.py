@@ -99,6 +99,9 @@ def workload(policy: Path, out: Path, preset: str | None) -> list[str]:
             "dataset.chat_template=none",
             "generator.sampling.max_tokens=256",
             "generator.vllm.max_model_len=384",
+            # vLLM checks at start-up that this share of the GPU is free (the trainer shares it);
+            # its KV cache is the next line's size whatever the share.
+            "generator.vllm.gpu_memory_utilization=0.3",
             "generator.vllm.kv_cache_memory_gib=32",
             "trainer.engine.training.seq_len=320",
             "trainer.loss.params.horizon=256",
@@ -203,7 +206,9 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler) -> dict:
     }
 
 
-def run(size: str, engine: str, label: str, steps: int, out: Path, preset: str | None, overrides: list[str]) -> dict:
+def run(
+    size: str, engine: str, label: str, steps: int, out: Path, preset: str | None, overrides: list[str]
+) -> dict:
     root = out / size
     policy = root / "policy"
     if not (policy / "config.json").exists():  # in a child: the export's process group stays there

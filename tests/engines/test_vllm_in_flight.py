@@ -130,7 +130,9 @@ def test_an_update_in_flight_applies_to_the_later_tokens_of_running_requests(eng
     # As completions: staleness by the oldest token, the versions kept per token.
     completions = to_completions(["p"] * len(PROMPTS), PROMPTS, result.samples, TOKENIZER, result.version)
     assert {c.policy_version for group in completions for c in group} == {0}
-    assert all(c.token_versions == result.samples[0][0].token_versions for group in completions for c in group)
+    assert all(
+        c.token_versions == result.samples[0][0].token_versions for group in completions for c in group
+    )
 
     # A request that starts after the update runs on the new weights from its first token.
     assert later.version == 1
@@ -138,5 +140,8 @@ def test_an_update_in_flight_applies_to_the_later_tokens_of_running_requests(eng
         for sample in group:
             assert sample.token_versions is None
             torch.testing.assert_close(
-                torch.tensor(sample.logprobs), trainer_logprobs(new, prompt, sample.token_ids), atol=1e-4, rtol=0
+                torch.tensor(sample.logprobs),
+                trainer_logprobs(new, prompt, sample.token_ids),
+                atol=1e-4,
+                rtol=0,
             )

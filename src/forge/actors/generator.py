@@ -89,7 +89,9 @@ class GeneratorConfig(ForgeConfigModel):
             ("generator.vllm.sleep_during_train=true", self.vllm.sleep_during_train),
         ):
             if on and self.engine == "hf":
-                raise ValueError(f"{setting} needs generator.engine=vllm (the hf engine samples synchronously)")
+                raise ValueError(
+                    f"{setting} needs generator.engine=vllm (the hf engine samples synchronously)"
+                )
         return self
 
     @model_validator(mode="after")
@@ -303,4 +305,8 @@ class Generator(ForgeActor):
             return
         started = time.perf_counter()
         await sleep_async(asleep)
-        record_metric(f"generator/{'sleep' if asleep else 'wake'}_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+        record_metric(
+            f"generator/{'sleep' if asleep else 'wake'}_ms",
+            (time.perf_counter() - started) * 1e3,
+            Reduce.MEAN,
+        )

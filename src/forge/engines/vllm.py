@@ -71,7 +71,14 @@ from forge.engines.generation import (
     stop_strings,
 )
 from forge.engines.hf_layout import HFLayout, mismatch_error
-from forge.engines.vllm_config import UpdateMode, VLLMConfig, in_process, llm_kwargs
+from forge.engines.vllm_config import (
+    UpdateMode,
+    VLLMConfig,
+    check_supported,
+    in_process,
+    llm_kwargs,
+    vllm_version,
+)
 from forge.engines.vllm_requests import Batch
 
 logger = logging.getLogger(__name__)
@@ -132,7 +139,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
                 f"{key}.model_path: '{model_path}' has a config.json transformers cannot read: {e}"
             ) from e
         self.on_gpu = torch.cuda.is_available()
-        self._check_supported()
+        check_supported(self.hf_config, self.model_path, self.key, self.on_gpu)
         if eos_token_id is None:
             eos_token_id = self.hf_config.eos_token_id
         if eos_token_id is None:
@@ -151,31 +158,6 @@ class VLLMEngine(ConcurrentGenerationEngine):
         self.max_model_len: int = self._started.result()
 
     # -- configuration checks ------------------------------------------------------------
-
-    def _check_supported(self) -> None:
-        from vllm import ModelRegistry
-
-        architectures = list(getattr(self.hf_config, "architectures", None) or [])
-        supported = set(ModelRegistry.get_supported_archs())
-        if not architectures or not supported.intersection(architectures):
-            raise ValueError(
-                f"{self.key}.model_path: '{self.model_path}' has architecture {architectures or 'none'}, "
-                f"which vLLM {_vllm_version()} does not support; use {self.key}.engine=hf, or a model "
-                "vLLM supports (e.g. Qwen3ForCausalLM, LlamaForCausalLM)"
-            )
-        if not self.on_gpu:
-            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-            text_config = self.hf_config.get_text_config()
-            head_dim = getattr(text_config, "head_dim", None) or (
-                text_config.hidden_size // text_config.num_attention_heads
-            )
-            sizes = CPUAttentionBackend.get_supported_head_sizes()
-            if head_dim not in sizes:
-                raise ValueError(
-                    f"{self.key}.model_path: head size {head_dim} of '{self.model_path}' is not supported "
-                    f"by vLLM's CPU attention (supported: {sizes}); use {self.key}.engine=hf on CPU"
-                )
 
     def _check_fits(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> None:
         longest = max(len(p) for p in prompt_ids)
@@ -199,7 +181,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
             return LLM(**kwargs)
         except Exception as e:
             raise RuntimeError(
-                f"vLLM {_vllm_version()} could not start on {self.key}.model_path='{self.model_path}' "
+                f"vLLM {vllm_version()} could not start on {self.key}.model_path='{self.model_path}' "
                 f"with {self.key}.vllm={self.config.model_dump()} and {self.key}.dtype="
                 f"{str(self.dtype).removeprefix('torch.')}: {type(e).__name__}: {e}"
             ) from e
@@ -403,7 +385,9 @@ class VLLMEngine(ConcurrentGenerationEngine):
         once the requests running now have finished; requests wait while it sleeps. Needs
         ``generator.vllm.sleep_during_train`` (vLLM's sleep mode, CUDA only)."""
         if not self.config.sleep_during_train:
-            raise RuntimeError(f"{self.key}.vllm.sleep_during_train is off: vLLM was started without sleep mode")
+            raise RuntimeError(
+                f"{self.key}.vllm.sleep_during_train is off: vLLM was started without sleep mode"
+            )
         await asyncio.wrap_future(self._submit(_Sleep(asleep, concurrent.futures.Future())))
 
     def close(self) -> None:
@@ -425,10 +409,4 @@ def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
 def _load_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
     """Runs on vLLM's worker (in this process, GPU): the model's own loader copies each tensor
     into its (fused, sharded) parameters in place."""
-    worker.get_model().load_weights(weights=iter(weights))
-
-
-def _vllm_version() -> str:
-    import vllm
-
-    return vllm.__version__
+    worker.model_runner.get_model().load_weights(iter(weights))

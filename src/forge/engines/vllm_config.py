@@ -12,7 +12,6 @@ from pydantic import Field
 
 from forge.config import ForgeConfigModel
 
-
 # How new weights enter a running engine (forge.engines.vllm): after the running requests
 # finish, or between two steps of them.
 UpdateMode = Literal["drain", "in_flight"]
@@ -75,3 +74,37 @@ def in_process() -> None:
     multiprocessing core spawns a process that needs a `__main__` guard, and its RPCs would
     pickle every weight update."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def check_supported(hf_config, model_path: str, key: str, on_gpu: bool) -> None:
+    """Refuses, naming `key`, a model whose architecture vLLM lacks, or (on CPU) whose head size
+    vLLM's CPU attention cannot run."""
+    from vllm import ModelRegistry
+
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    supported = set(ModelRegistry.get_supported_archs())
+    if not architectures or not supported.intersection(architectures):
+        raise ValueError(
+            f"{key}.model_path: '{model_path}' has architecture {architectures or 'none'}, "
+            f"which vLLM {vllm_version()} does not support; use {key}.engine=hf, or a model "
+            "vLLM supports (e.g. Qwen3ForCausalLM, LlamaForCausalLM)"
+        )
+    if not on_gpu:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        text_config = hf_config.get_text_config()
+        head_dim = getattr(text_config, "head_dim", None) or (
+            text_config.hidden_size // text_config.num_attention_heads
+        )
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head_dim not in sizes:
+            raise ValueError(
+                f"{key}.model_path: head size {head_dim} of '{model_path}' is not supported "
+                f"by vLLM's CPU attention (supported: {sizes}); use {key}.engine=hf on CPU"
+            )
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__

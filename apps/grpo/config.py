@@ -131,6 +131,7 @@ class GRPOConfig(ForgeConfigModel):
                 f"trainer.hosts ({self.trainer.hosts}) exceeds the hosts in provisioner.hosts "
                 f"({len(self.provisioner.hosts)}): start a `python -m forge.worker` per host and list them there"
             )
+        self._check_host_spans()
         if self.replay_buffer.batch_size % self.dp_size:
             raise ValueError(
                 f"replay_buffer.batch_size ({self.replay_buffer.batch_size}) must be a multiple of the "
@@ -142,8 +143,42 @@ class GRPOConfig(ForgeConfigModel):
                 f"env.max_tokens ({self.env.max_tokens}) exceeds trainer.engine.training.seq_len "
                 f"({self.trainer.engine.training.seq_len}): the trainer could not read whole trajectories"
             )
+        self._check_sleep_mode()
         self._default_horizon()
         return self
+
+    def _check_sleep_mode(self) -> None:
+        """vLLM sleeping through train steps only fits a serial pipeline on one shared GPU."""
+        if not self.generator.vllm.sleep_during_train:
+            return
+        problems = []
+        if self.replay_buffer.max_policy_age != 0:
+            problems.append(
+                f"replay_buffer.max_policy_age is {self.replay_buffer.max_policy_age} (rollouts would "
+                "run during train steps, and vLLM can only sleep between them): use 0"
+            )
+        if self.generator.replicas != 1:
+            problems.append(f"generator.replicas is {self.generator.replicas}: use 1")
+        if not self.provisioner.colocate:
+            problems.append("provisioner.colocate is false (the trainer has a GPU of its own): set it true")
+        if problems:
+            raise ValueError("generator.vllm.sleep_during_train=true: " + "; ".join(problems))
+
+    def _check_host_spans(self) -> None:
+        """The trainer and the reference model (which has the trainer's processes and hosts) each
+        span trainer.hosts hosts: the first that many of their placement, consecutive ones."""
+        actors = (["TitanTrainer"] if self.trainer.enabled else []) + (
+            ["ReferenceModel"] if self.use_reference else []
+        )
+        count = self.trainer.hosts
+        for actor in actors:
+            listed = self.provisioner.placement_for(actor)
+            if listed[:count] != list(range(listed[0], listed[0] + count)):
+                follows = " (or leave it out: it follows TitanTrainer's)" if actor == "ReferenceModel" else ""
+                raise ValueError(
+                    f"provisioner.placement.{actor} ({listed}) must begin with trainer.hosts ({count}) "
+                    f"consecutive host indices, the hosts its processes span: list them in order{follows}"
+                )
 
     def _default_horizon(self) -> None:
         """``fixed_horizon`` divides by the longest possible response, not by each batch's width."""

@@ -182,10 +182,11 @@ async def _train(cfg: GRPOConfig) -> dict:
             ),
             RewardActor.as_actor(cfg.reward),
             ComputeAdvantages.as_actor(cfg.rollout.advantage),
-            # On the trainer's GPU: a KL term needs no GPU of its own.
-            ReferenceModel.options(with_gpus=gpus, gpu_group="trainer").as_actor(
-                cfg.trainer.engine, cfg.generator.sampling.temperature
-            )
+            # With the trainer's processes, hosts, GPUs and parallelism: a KL term needs no GPU
+            # of its own, and each GPU holds a shard of the reference as it does of the policy.
+            ReferenceModel.options(
+                procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group="trainer"
+            ).as_actor(cfg.trainer.engine, cfg.generator.sampling.temperature)
             if cfg.use_reference
             else asyncio.sleep(0),
             RewardModels.launch(cfg.reward, gpus),

@@ -1,7 +1,8 @@
 """One rollout step of GRPO-style training, over actor handles: prompts -> scored episodes.
 
 Kept out of the app so that other recipes (and users' environments) can reuse it; every
-call goes to an actor handle (`call_one`) or a service endpoint (`route`).
+call goes to an actor handle (`call_one`) or a service endpoint (`route`), except the
+reference model's, which goes to all its ranks (`forge.actors.reference.reference_logprobs`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from forge.actors.environment import ActorEnvironments
+from forge.actors.reference import reference_logprobs
 from forge.controller.liveness import CallDeadline
 from forge.controller.service import (
     NoHealthyReplicaError,
@@ -182,8 +184,9 @@ def without_truncated(groups: list[list[Episode]]) -> list[list[Episode]]:
 
 
 async def add_reference_logprobs(episodes: list[Episode], reference) -> None:
-    """Fills `ref_logprobs` of each episode from the reference model (one batched call)."""
-    rows = await routed(reference.forward)([e.completion for e in episodes])
+    """Fills `ref_logprobs` of each episode from the reference model (one batched call, which
+    its data-parallel ranks split)."""
+    rows = await reference_logprobs(reference, [e.completion for e in episodes])
     for episode, row in zip(episodes, rows, strict=True):
         episode.ref_logprobs = row
 

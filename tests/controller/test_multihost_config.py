@@ -83,6 +83,27 @@ def test_replicas_take_the_listed_hosts_in_turn_and_a_mesh_spans_consecutive_hos
         hosts.hosts_for("X_0", 2)
 
 
+def test_a_gpu_group_shares_its_gpus_on_the_same_hosts_and_frees_them_with_its_last_mesh():
+    """The reference model (2 procs a host, group "trainer") on the trainer's GPUs of hosts 0-1;
+    GPUs as the workers would report them at attach."""
+    hosts = AttachedHosts([f"tcp://h{i}:1" for i in range(3)], ProvisionerConfig().placement_for)
+    hosts.free_gpus = [["0", "1", "2"], ["0", "1", "2"], ["0", "1"]]
+    trainer = hosts.take_gpus([0, 1], 2, "TitanTrainer_0", "trainer")
+    reference = hosts.take_gpus([0, 1], 2, "ReferenceModel_1", "trainer")
+    assert trainer == reference == [["0", "1"], ["0", "1"]]
+    assert hosts.free_gpus == [["2"], ["2"], ["0", "1"]]
+    # Another span of hosts, or no group: GPUs of their own.
+    assert hosts.take_gpus([1, 2], 1, "ReferenceModel_2", "trainer") == [["2"], ["0"]]
+    with pytest.raises(RuntimeError, match="GPU group 'trainer' has \\[2, 2\\] there"):
+        hosts.take_gpus([0, 1], 3, "ReferenceModel_3", "trainer")
+    hosts.give_back_gpus([0, 1], trainer)
+    assert hosts.free_gpus[:2] == [["2"], []]  # still the reference's
+    hosts.give_back_gpus([0, 1], reference)
+    assert hosts.free_gpus[:2] == [["2", "0", "1"], ["0", "1"]]
+    # The group's last mesh stopped: a new one takes free GPUs again.
+    assert hosts.take_gpus([0, 1], 1, "TitanTrainer_4", "trainer") == [["2"], ["0"]]
+
+
 def test_an_unreachable_worker_is_named_before_monarch_waits_on_it():
     address = f"tcp://127.0.0.1:{free_port()}"
     with pytest.raises(
@@ -100,7 +121,7 @@ def test_grpo_trainer_hosts_need_workers_and_count_in_the_dp_size():
         ValidationError, match=r"trainer.hosts \(2\) exceeds the hosts in provisioner.hosts \(0\)"
     ):
         GRPOConfig.model_validate({**base, "trainer": trainer})
-    two_hosts = {"hosts": ["tcp://a:1", "tcp://b:1"]}
+    two_hosts = {"hosts": ["tcp://a:1", "tcp://b:1"], "placement": {"TitanTrainer": [0, 1]}}
     # One process on each of two hosts: two data-parallel ranks.
     cfg = GRPOConfig.model_validate({**base, "trainer": trainer, "provisioner": two_hosts})
     assert cfg.trainer.hosts == 2 and cfg.dp_size == 2

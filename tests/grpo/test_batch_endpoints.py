@@ -6,7 +6,7 @@ import asyncio
 import pytest
 import torch
 
-from forge.actors.reference import ReferenceModel
+from forge.actors.reference import ReferenceModel, reference_logprobs
 from forge.actors.replay_buffer import ReplayBuffer
 from forge.controller import shutdown
 from forge.data.episode_buffer import ReplayBufferConfig
@@ -57,7 +57,7 @@ def test_reference_forward_returns_each_episodes_response_logprobs(tiny_policy):
     async def main():
         reference = await ReferenceModel.as_actor(config, 0.7)
         try:
-            return await reference.forward.call_one(COMPLETIONS)
+            return await reference_logprobs(reference, COMPLETIONS)
         finally:
             await shutdown()
 

@@ -1,5 +1,8 @@
-"""What the GRPO config derives at start-up: the loss's fixed horizon and the trainer's
-data-parallel size (no process is started)."""
+"""What the GRPO config derives and refuses at start-up: the loss's fixed horizon, the
+trainer's data-parallel size, and the hosts and sequence length that the trainer's and the
+reference model's processes need (no process is started)."""
+
+import re
 
 import pytest
 from apps.grpo.config import GRPOConfig
@@ -57,3 +60,51 @@ def test_batch_must_split_over_the_dp_ranks_not_the_procs(write_grpo_config, cap
     with pytest.raises(SystemExit):
         load(write_grpo_config, "trainer.procs=3", tp)
     assert "tensor_parallel_degree (2) must equal the world size (3)" in capsys.readouterr().err
+
+
+def test_the_reference_spans_the_trainers_hosts_and_a_placement_it_cannot_span_is_refused():
+    """The reference model has the trainer's processes and hosts; unlisted, it takes the
+    trainer's placement, and a listed one must begin with trainer.hosts consecutive hosts."""
+    from pydantic import ValidationError
+
+    trainer = {"engine": {"model": {"flavor": "tiny"}}, "hosts": 2, "loss": {"params": {"beta": 0.1}}}
+    hosts = [f"tcp://h{i}:1" for i in range(3)]
+
+    def validate(placement: dict, beta: float = 0.1) -> GRPOConfig:
+        return GRPOConfig.model_validate(
+            {
+                "policy_path": "p",
+                "generator": {"model_path": "p"},
+                "trainer": {**trainer, "loss": {"params": {"beta": beta}}},
+                "provisioner": {"hosts": hosts, "placement": placement},
+            }
+        )
+
+    cfg = validate({"TitanTrainer": [1, 2]})
+    assert cfg.use_reference and cfg.provisioner.placement_for("ReferenceModel") == [1, 2]
+    for listed in ([2], [2, 0]):
+        with pytest.raises(
+            ValidationError,
+            match=re.escape(
+                f"provisioner.placement.ReferenceModel ({listed}) must begin with trainer.hosts (2) "
+            )
+            + "consecutive host indices",
+        ):
+            validate({"TitanTrainer": [0, 1], "ReferenceModel": listed})
+    # Without a KL term there is no reference model to place.
+    validate({"TitanTrainer": [0, 1], "ReferenceModel": [2]}, beta=0.0)
+    # The trainer's own placement is held to the same rule (unlisted, it is host 0 alone).
+    with pytest.raises(
+        ValidationError, match=re.escape("provisioner.placement.TitanTrainer ([0]) must begin")
+    ):
+        validate({}, beta=0.0)
+
+
+def test_a_seq_len_that_sequence_parallelism_cannot_split_is_refused(write_grpo_config, capsys):
+    tp = "trainer.engine.parallelism.tensor_parallel_degree=2"
+    assert load(write_grpo_config, "trainer.procs=2", tp).dp_size == 1  # seq_len 64
+    with pytest.raises(SystemExit):
+        load(write_grpo_config, "trainer.procs=2", tp, "trainer.engine.training.seq_len=66")
+    assert "training.seq_len (66) must be a multiple of 2 * parallelism.tensor_parallel_degree (4)" in (
+        capsys.readouterr().err
+    )

@@ -1,14 +1,23 @@
-"""ReferenceModel: forward-only logprobs of the frozen initial policy (for the KL term)."""
+"""ReferenceModel: forward-only logprobs of the frozen initial policy (for the KL term).
+
+It runs with the trainer's parallelism: launched on as many processes and hosts as the trainer
+(``trainer.procs``, ``trainer.hosts``), in the trainer's GPU group, each process building its
+``TitanEngine`` from the trainer's engine config, so the model is sharded (FSDP) and split
+(TP) exactly as the trainer's is, and any parallelism the trainer accepts, the reference
+accepts. Every endpoint is called on all ranks. ``forward`` gets every completion on every
+rank; each data-parallel rank computes its share (the ranks of a TP group the same one, a rank
+with no share a one-token forward, see ``forge.engines.titan.logprobs``), and
+``reference_logprobs``, the caller's side, joins the shares back in the completions' order.
+"""
 
 from __future__ import annotations
 
-import torch
 from monarch.actor import endpoint
 
 from forge.controller import ForgeActor
+from forge.data.shares import Share, join_shares
 from forge.data.types import Completion
 from forge.engines.titan.config import TitanEngineConfig
-from forge.rl.batch import pad_sequences, response_rows
 
 
 class ReferenceModel(ForgeActor):
@@ -23,14 +32,15 @@ class ReferenceModel(ForgeActor):
         self.engine = TitanEngine(self.engine_config, trainable=False)
 
     @endpoint
-    async def forward(self, completions: list[Completion]) -> list[list[float]]:
-        """Per completion, the logprob of each response token given the tokens before it."""
-        from forge.rl.ops import compute_logprobs
+    async def forward(self, completions: list[Completion]) -> Share:
+        """This rank's data-parallel share of the completions' response-token logprobs."""
+        from forge.engines.titan.logprobs import share_logprobs
 
-        tokens, target_ids, span = pad_sequences(
-            [c.prompt_ids for c in completions], [c.response_ids for c in completions], pad_id=0
-        )
-        with torch.no_grad():
-            logits = self.engine.forward(tokens)
-            logprobs = compute_logprobs(logits, target_ids.to(logits.device), self.temperature).cpu()
-        return response_rows(logprobs, span)
+        return share_logprobs(self.engine, completions, self.temperature)
+
+
+async def reference_logprobs(reference, completions: list[Completion]) -> list[list[float]]:
+    """Per completion, the reference model's logprob of each response token given the tokens
+    before it: one call on all of ``reference``'s ranks (an actor from ``as_actor``)."""
+    shares = await reference.forward.call(completions)
+    return join_shares(shares.values(), len(completions))

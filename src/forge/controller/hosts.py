@@ -21,7 +21,7 @@ import glob
 import logging
 import os
 import socket
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -138,6 +138,10 @@ class AttachedHosts:
         self.hostnames: list[str] = []
         self.free_gpus: list[list[str]] = []
         self._turns: dict[str, int] = defaultdict(int)
+        # GPUs in use, counted per mesh holding them (a GPU group's meshes share theirs), and
+        # the GPUs of each GPU group on each span of hosts.
+        self._holders: Counter[tuple[int, str]] = Counter()
+        self._groups: dict[tuple[str, tuple[int, ...]], list[list[str]]] = {}
 
     async def attach(self, timeout_s: float) -> None:
         check_reachable(self.addresses, timeout_s)
@@ -184,8 +188,28 @@ class AttachedHosts:
             )
         return chosen
 
-    def take_gpus(self, hosts: list[int], procs: int, name: str) -> list[list[str]]:
-        """`procs` GPUs on each host (none on a host without GPUs)."""
+    def take_gpus(
+        self, hosts: list[int], procs: int, name: str, gpu_group: str | None = None
+    ) -> list[list[str]]:
+        """`procs` GPUs on each host (none on a host without GPUs): those of `gpu_group` when
+        another live mesh of the group spans the same hosts (the reference model on the
+        trainer's GPUs), else free ones."""
+        shared = self._groups.get((gpu_group, tuple(hosts))) if gpu_group else None
+        if shared is not None:
+            if any(0 < len(gpus) < procs for gpus in shared):
+                raise RuntimeError(
+                    f"mesh '{name}' needs {procs} GPU(s) on each of hosts {hosts} but its GPU group "
+                    f"'{gpu_group}' has {[len(g) for g in shared]} there: lower its procs or leave the group"
+                )
+            taken = [gpus[:procs] for gpus in shared]
+        else:
+            taken = self._take_free_gpus(hosts, procs, name)
+            if gpu_group:
+                self._groups[(gpu_group, tuple(hosts))] = taken
+        self._holders.update((host, gpu) for host, gpus in zip(hosts, taken, strict=True) for gpu in gpus)
+        return taken
+
+    def _take_free_gpus(self, hosts: list[int], procs: int, name: str) -> list[list[str]]:
         for host in hosts:
             free = self.free_gpus[host]
             if free and len(free) < procs:
@@ -199,8 +223,20 @@ class AttachedHosts:
         return taken
 
     def give_back_gpus(self, hosts: list[int], gpus: list[list[str]]) -> None:
+        """What `take_gpus` gave a mesh; a GPU is free again once no mesh holds it."""
         for host, given in zip(hosts, gpus, strict=True):
-            self.free_gpus[host].extend(given)
+            for gpu in given:
+                self._holders[(host, gpu)] -= 1
+                if self._holders[(host, gpu)] <= 0:
+                    del self._holders[(host, gpu)]
+                    self.free_gpus[host].append(gpu)
+        self._groups = {
+            key: held
+            for key, held in self._groups.items()
+            if any(
+                (host, gpu) in self._holders for host, gpus in zip(key[1], held, strict=True) for gpu in gpus
+            )
+        }
 
     async def spawn(
         self, hosts: list[int], procs: int, gpus: list[list[str]], name: str, seed: int | None

@@ -9,12 +9,13 @@ the program's other GPUs: a generator can then map the trainer's GPU memory by C
 process also seeds its global RNGs first (`forge.controller.seeding`).
 
 GPUs are handed out per mesh, or per GPU group: meshes launched with the same `gpu_group`
-share the GPUs of the group's first mesh (the reference model on the trainer's GPU; or, with
+share the GPUs of the group's first mesh (the reference model on the trainer's GPUs; or, with
 `colocate`, every model actor on one GPU).
 
 Meshes run on this host, or, with `provisioner.hosts`, on the hosts of those workers
 (`python -m forge.worker`; see `forge.controller.hosts`). There GPUs are handed out per host,
-one mesh's own each (`gpu_group` and `colocate` share GPUs on this host only).
+one mesh's own each, except that the meshes of one `gpu_group` on the same hosts share them
+(`colocate` shares GPUs on this host only).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class ProvisionerConfig(ForgeConfigModel):
     hosts: list[str] = []
     # Host indices (into `hosts`) per actor name: the class name (TitanTrainer, Generator, ...)
     # or "torchstore" for the weight store's volume. Unlisted actors run on host 0; the
-    # store's volume runs on the trainer's first host unless listed.
+    # store's volume runs on the trainer's first host and the reference model on the trainer's
+    # hosts (it has the trainer's processes and parallelism) unless listed.
     placement: dict[str, list[int]] = {}
     # How workers reach this controller: its host name or IP (None: Monarch uses this
     # machine's host name, which must then resolve to an address the workers can reach).
@@ -98,6 +100,8 @@ class ProvisionerConfig(ForgeConfigModel):
             return self.placement[actor]
         if actor == STORE_MESH_NAME:
             return self.placement.get("TitanTrainer", [0])[:1]
+        if actor == "ReferenceModel":
+            return self.placement.get("TitanTrainer", [0])
         return [0]
 
 
@@ -215,7 +219,9 @@ class Provisioner:
                 "start `python -m forge.worker` on each host and list their addresses there"
             )
         if self._hosts is not None:
-            record = await self._spawn_on_hosts(procs, hosts or 1, with_gpus, name, self._seed_of(name))
+            record = await self._spawn_on_hosts(
+                procs, hosts or 1, with_gpus, name, self._seed_of(name), gpu_group
+            )
         else:
             async with self._lock:
                 gpus = self._gpus_for(procs, name, gpu_group) if with_gpus else []
@@ -239,12 +245,12 @@ class Provisioner:
         return None if self.seed is None else mesh_seed(self.seed, name)
 
     async def _spawn_on_hosts(
-        self, procs: int, count: int, with_gpus: bool, name: str, seed: int | None
+        self, procs: int, count: int, with_gpus: bool, name: str, seed: int | None, gpu_group: str | None
     ) -> _MeshRecord:
         assert self._hosts is not None
         async with self._lock:
             hosts = self._hosts.hosts_for(name, count)
-            gpus = self._hosts.take_gpus(hosts, procs, name) if with_gpus else [[] for _ in hosts]
+            gpus = self._hosts.take_gpus(hosts, procs, name, gpu_group) if with_gpus else [[] for _ in hosts]
         try:
             mesh, where = await self._hosts.spawn(hosts, procs, gpus, name, seed)
         except BaseException:

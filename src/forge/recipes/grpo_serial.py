@@ -34,15 +34,15 @@ from forge.data.rewards import get_reward_fn
 from forge.data.types import Completion, Episode
 from forge.engines.generation import to_completions
 from forge.engines.titan.engine import TitanEngine
+from forge.engines.titan.logprobs import completion_logprobs
 from forge.envs.rollout import run_groups
 from forge.envs.sessions import LocalEnvironments
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
 from forge.observability.collector import pop_state
 from forge.rl.advantage import group_advantages, has_signal
-from forge.rl.batch import PolicyBatch, pad_sequences, response_rows
+from forge.rl.batch import PolicyBatch
 from forge.rl.losses import build_loss
-from forge.rl.ops import compute_logprobs
 from forge.rollout import score_inputs, with_env_reward, without_truncated
 
 
@@ -145,14 +145,10 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
             ]
             episodes += [e for g in (without_truncated([scored]) if drop_truncated else [scored]) for e in g]
         if episodes and reference is not None:
-            completions = [e.completion for e in episodes]
-            tokens, target_ids, span = pad_sequences(
-                [c.prompt_ids for c in completions], [c.response_ids for c in completions], pad_id=0
+            rows = completion_logprobs(
+                reference, [e.completion for e in episodes], cfg.generator.sampling.temperature
             )
-            logits = reference.forward(tokens)
-            temperature = cfg.generator.sampling.temperature
-            logprobs = compute_logprobs(logits, target_ids.to(logits.device), temperature).cpu()
-            for episode, row in zip(episodes, response_rows(logprobs, span), strict=True):
+            for episode, row in zip(episodes, rows, strict=True):
                 episode.ref_logprobs = row
         for episode in episodes:
             buffer.add(episode)

@@ -11,4 +11,5 @@ reading a config does not pull in torch and torchtitan):
 - ``hf``: Hugging Face names, safetensors loading and export.
 - ``checkpoint``: atomic DCP checkpoints (model, optimizer, LR scheduler, step, extra state).
 - ``engine``: ``TitanEngine``, which ties them together.
+- ``logprobs``: completions' response logprobs (the reference model's), per data-parallel share.
 """

@@ -131,3 +131,16 @@ class TitanEngineConfig(_Section):
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="after")
+    def _seq_len_splits(self) -> "TitanEngineConfig":
+        # torchtitan's parallelize asserts it (sequence parallelism splits a sequence evenly over
+        # the TP ranks, and it reserves a factor 2 for context parallelism), even at TP degree 1.
+        divisor = 2 * self.parallelism.tensor_parallel_degree
+        if self.training.seq_len % divisor:
+            raise ValueError(
+                f"training.seq_len ({self.training.seq_len}) must be a multiple of 2 * "
+                f"parallelism.tensor_parallel_degree ({divisor}), as torchtitan's sequence parallelism "
+                "needs: round it up"
+            )
+        return self

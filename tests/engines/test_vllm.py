@@ -133,6 +133,28 @@ def test_two_concurrent_calls_share_the_engine(engine):
     assert len(long_result.samples) == 6 and len(short_result.samples[0][0].token_ids) <= 2
 
 
+def test_a_call_its_caller_gave_up_on_leaves_the_engine_serving(engine, models):
+    """A caller that stops waiting (a deadline, a shutdown) cancels its future; the engine
+    thread finishes that request and an update queued meanwhile, and serves the next call."""
+    _, initial, _ = models
+    weights = {name: p.detach().clone() for name, p in initial.named_parameters()}
+    params = SamplingParams(n=4, max_tokens=80, stop_token_ids=[], seed=4)
+
+    async def main():
+        abandoned = asyncio.create_task(engine.generate_async([PROMPTS[0]] * 8, params))
+        update = asyncio.create_task(engine.load_hf_state_dict_async(weights, engine.version))
+        await asyncio.sleep(0.01)  # both submitted, the generation far from done
+        assert not abandoned.done()
+        abandoned.cancel()
+        update.cancel()
+        await asyncio.gather(abandoned, update, return_exceptions=True)
+        return await engine.generate_async([PROMPTS[1]], SamplingParams(max_tokens=3, seed=0))
+
+    result = asyncio.run(main())
+    assert len(result.samples[0][0].token_ids) == 3
+    assert engine._thread.is_alive() and engine._failure is None
+
+
 def test_update_in_place_between_requests(engine, models):
     """Running requests finish on the old weights, later ones start on the new weights, and
     every result is tagged with the version that produced it."""

@@ -79,7 +79,7 @@ from forge.engines.vllm_config import (
     llm_kwargs,
     vllm_version,
 )
-from forge.engines.vllm_requests import Batch
+from forge.engines.vllm_requests import Batch, settle
 
 logger = logging.getLogger(__name__)
 
@@ -306,9 +306,9 @@ class VLLMEngine(ConcurrentGenerationEngine):
             self.version = update.version
             self.last_load_seconds = time.perf_counter() - started
         except Exception as e:
-            update.future.set_exception(e)
+            settle(update.future, error=e)
         else:
-            update.future.set_result(None)
+            settle(update.future)
 
     def _sleep(self, command: _Sleep, asleep: bool) -> bool:
         """Puts vLLM to sleep or wakes it, as `command` asks; returns whether it is asleep."""
@@ -319,9 +319,9 @@ class VLLMEngine(ConcurrentGenerationEngine):
             elif asleep and not command.asleep:
                 self._llm.wake_up()
         except Exception as e:
-            command.future.set_exception(e)
+            settle(command.future, error=e)
             return asleep
-        command.future.set_result(None)
+        settle(command.future)
         return command.asleep
 
     # -- GenerationEngine ----------------------------------------------------------------

@@ -75,7 +75,18 @@ class Batch:
         self.samples[index] = samples if self.stops is None else [self.stops.truncate(s) for s in samples]
         self.remaining -= 1
         if self.remaining == 0:
-            self.future.set_result(VersionedSamples(self.version, self.samples))
+            settle(self.future, VersionedSamples(self.version, self.samples))
+
+
+def settle(future: concurrent.futures.Future, result=None, error: BaseException | None = None) -> None:
+    """Completes `future` unless its caller gave up on it (cancelled: a deadline, a shutdown);
+    the engine thread must go on serving the others."""
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _sampled_logprobs(token_ids: list[int], positions) -> list[float]:

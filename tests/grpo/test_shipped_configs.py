@@ -58,6 +58,9 @@ EXTRA = {
         "dataset.path={prompts}",
         "dataset.eval_path={prompts}",
         "trainer.engine.training.microbatch_size=4",
+        # The one app run on vLLM also takes the generator's other way of loading weights:
+        # in flight, by its background follower (the config's own drain is the default path).
+        "generator.update_mode=in_flight",
     ],
     # One task whose questions fit the tiny model's 64 positions, no system prompt, and every
     # group recorded for check_reasoning_gym_run ({{ }}: these strings go through str.format).
@@ -149,6 +152,8 @@ def test_grpo_config_runs_two_steps(name, request, tmp_path):
     # Each publish is stored in the background and reports its size and speed.
     published = [r for r in rows if "weight_sync/publish_s" in r]
     assert published and all(r["weight_sync/publish_bytes"] > 0 for r in published)
+    # One host: the generator measures each version from the trainer's publish to its load.
+    assert any(r.get("generator/publish_to_ready_ms", 0) > 0 for r in rows)
     if vllm:  # the export is the input checkpoint with new weights
         export = json.loads((out / "export" / "config.json").read_text())
         assert export == json.loads((policy / "config.json").read_text())

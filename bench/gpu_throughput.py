@@ -90,7 +90,14 @@ def fixed_length_prompts(policy: Path, out: Path, length: int, count: int = 4096
     return path
 
 
-def workload(policy: Path, out: Path, preset: str | None) -> list[str]:
+# What the trl preset needs at 1.7B to fit one 80 GB GPU beside vLLM (at micro-batch 16 the
+# trainer held 56 GiB and ran out of memory on an H100).
+LARGER_MODELS = {
+    "1.7B": ["trainer.engine.training.microbatch_size=8", "generator.vllm.kv_cache_memory_gib=16"]
+}
+
+
+def workload(policy: Path, out: Path, preset: str | None, size: str) -> list[str]:
     if preset == "trl":
         prompts = fixed_length_prompts(policy, out, 64)
         return [
@@ -108,6 +115,7 @@ def workload(policy: Path, out: Path, preset: str | None) -> list[str]:
             "rollout.prompts_per_step=64",
             "rollout.group_size=8",
             "replay_buffer.batch_size=512",
+            *LARGER_MODELS.get(size, []),
         ]
     return [
         "dataset.source=toy_task",
@@ -216,7 +224,7 @@ def run(
     run_dir = root / f"run_{engine}_{label}"
     shutil.rmtree(run_dir, ignore_errors=True)
     command = [sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/qwen3_1_7b.yaml"]
-    command += config_lines(policy, run_dir, size, engine, steps) + workload(policy, root, preset)
+    command += config_lines(policy, run_dir, size, engine, steps) + workload(policy, root, preset, size)
     command += VARIANTS.get(label, []) + overrides
     gpu = GpuSampler()
     try:

@@ -118,6 +118,7 @@ async def _replay(cfg: GRPOConfig) -> dict:
         trainer_engine=cfg.trainer.engine,
         trainer_loss=cfg.trainer.loss,
         trainer_procs=cfg.trainer.procs,
+        dp_size=cfg.dp_size,
         pad_id=_pad_id(cfg),
         max_steps=cfg.max_steps,
         metrics=cfg.metrics,

@@ -117,3 +117,17 @@ def test_replay_names_what_is_missing(tmp_path):
     assert [e.episode_id for e in rebuilt] == ids[:3]
     assert [e.completion.logprobs for e in rebuilt] == [e.completion.logprobs for e in groups[0]]
     assert [e.advantage for e in rebuilt] == [e.advantage for e in groups[0]]
+
+
+def test_replay_regroups_a_batch_recorded_on_other_data_parallel_ranks():
+    from forge.recipes.grpo_replay import regroup
+
+    two_ranks = [group(0, 3), group(1, 3)]
+    assert regroup(two_ranks, 2) is two_ranks
+    (one,) = regroup(two_ranks, 1)
+    assert [e.episode_id for e in one] == [e.episode_id for share in two_ranks for e in share]
+    three = regroup(two_ranks, 3)
+    assert [len(share) for share in three] == [2, 2, 2]
+    assert [e.episode_id for share in three for e in share] == [e.episode_id for e in one]
+    with pytest.raises(ValueError, match="6 episodes cannot be split over 4 data-parallel ranks"):
+        regroup(two_ranks, 4)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from forge.actors.trainer import TitanTrainer
+from forge.data.shares import share_of
 from forge.data.types import Completion, Episode
 from forge.observability import MetricsConfig, Reduce, get_metric_logger, record_metric
 from forge.observability.progress import Progress
@@ -80,24 +81,36 @@ def load_replay_batches(rollouts_path: str | Path) -> list[list[list[Episode]]]:
     return batches
 
 
+def regroup(per_rank: list[list[Episode]], ranks: int) -> list[list[Episode]]:
+    """A recorded batch for `ranks` data-parallel ranks: as recorded when the counts agree, else
+    the recorded ranks' episodes in rank order, split into `ranks` equal contiguous shares. A
+    step trains on the same episodes either way, so the losses of a run recorded on N ranks can
+    be compared with a replay on M (equal up to the order of floating-point sums)."""
+    if len(per_rank) == ranks:
+        return per_rank
+    episodes = [episode for share in per_rank for episode in share]
+    if len(episodes) % ranks:
+        raise ValueError(
+            f"rollout.replay_from: a recorded batch of {len(episodes)} episodes cannot be split over "
+            f"{ranks} data-parallel ranks: replay with a trainer whose data-parallel size divides it"
+        )
+    return [share_of(episodes, rank, ranks) for rank in range(ranks)]
+
+
 async def replay_training(
     rollouts_path: str | Path,
     *,
     trainer_engine,
     trainer_loss,
     trainer_procs: int,
+    dp_size: int,
     pad_id: int,
     max_steps: int,
     metrics: MetricsConfig,
     run_config: dict | None = None,
 ) -> int:
     """Trains on up to `max_steps` recorded batches; returns the number of steps trained."""
-    batches = load_replay_batches(rollouts_path)[:max_steps]
-    if batches and len(batches[0]) != trainer_procs:
-        raise ValueError(
-            f"rollout.replay_from: the recorded batches are split over {len(batches[0])} data-parallel "
-            f"ranks, but trainer.procs is {trainer_procs}: replay with the recorded run's trainer.procs"
-        )
+    batches = [regroup(per_rank, dp_size) for per_rank in load_replay_batches(rollouts_path)[:max_steps]]
     metric_logger = await get_metric_logger(metrics, run_config)
     trainer = await TitanTrainer.options(procs=trainer_procs, with_gpus=torch.cuda.is_available()).as_actor(
         trainer_engine, trainer_loss

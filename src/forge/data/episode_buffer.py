@@ -79,8 +79,8 @@ class EpisodeBuffer:
         ]
         evicted = len(self._episodes) - len(fresh)
         if evicted:  # the tokens generated in vain, for benchmarks
-            stale_tokens = sum(ep.response_len for ep in self._episodes) - sum(ep.response_len for ep in fresh)
-            record_metric("buffer/evicted_stale_tokens", stale_tokens, Reduce.SUM)
+            in_vain = sum(ep.response_len for ep in self._episodes) - sum(ep.response_len for ep in fresh)
+            record_metric("buffer/evicted_stale_tokens", in_vain, Reduce.SUM)
         self._episodes = fresh
         self.counts["evicted_stale"] += evicted
         record_metric("buffer/evicted_stale", evicted, Reduce.SUM)

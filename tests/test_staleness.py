@@ -22,13 +22,13 @@ def test_lockstep_with_max_policy_age_zero():
         second = await _blocked(bound.start_rollout(8, group_size=2))
         batch = await _blocked(bound.wait_for_batch())
         await bound.finish_rollout(8, [0] * 6)  # a group had no signal
-        # Only the 2 episodes the batch lacks are worth making.
-        assert await second == RolloutSlot(0, 2) and not batch.done()
-        await bound.finish_rollout(2, [0] * 2)
+        # On-policy, a rollout stays whole (as the serial recipe's) however few the batch lacks.
+        assert await second == RolloutSlot(0, 8) and not batch.done()
+        await bound.finish_rollout(8, [0] * 6)
         await batch
-        third = await _blocked(bound.start_rollout(8, group_size=2))  # 8 buffered: enough until trained
+        third = await _blocked(bound.start_rollout(8, group_size=2))  # 12 buffered: enough until trained
         await bound.trained([0] * 8)
-        # The next rollout must use version 1, for a whole batch.
+        # The 4 left over are now too old; the next rollout must use version 1.
         assert await third == RolloutSlot(1, 8) and bound.buffered() == 0
 
     asyncio.run(main())

@@ -24,7 +24,7 @@ from forge import store
 from forge.actors.advantages import ComputeAdvantages
 from forge.actors.dataset import DatasetActor
 from forge.actors.environment import EnvironmentActor
-from forge.actors.generator import Generator
+from forge.actors.generator import Generator, stop_pulling
 from forge.actors.reference import ReferenceModel
 from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor
@@ -136,6 +136,7 @@ async def _train(cfg: GRPOConfig) -> dict:
     eval_scorer = RewardScorer(
         [(cfg.eval.reward_fn, 1.0)], timeout_s=cfg.reward.timeout_s, metric_prefix="eval/reward"
     )
+    generator = None
     try:  # from here on the store and the logger are released however start-up ends
         if cfg.metrics.rollouts_path:
             recorder = RolloutRecorder(cfg.metrics.rollouts_path, cfg.metrics.rollouts_every)
@@ -228,6 +229,8 @@ async def _train(cfg: GRPOConfig) -> dict:
         return await loops.run(progress)
     finally:
         await metric_logger.close()
+        if generator is not None:  # no generator is waiting on the store when it stops
+            await stop_pulling(generator)
         await (await get_provisioner()).stop_supervisors()  # no replica is replaced any more
         await store.shutdown()
         eval_scorer.close()

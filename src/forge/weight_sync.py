@@ -39,6 +39,10 @@ from forge.observability import Reduce, record_metric
 CHECKSUM_PREFIX = "policy_checksum"
 
 
+class PullerStopped(RuntimeError):
+    """A wait for a weight version ended because the generator is stopping."""
+
+
 class WeightMismatchError(RuntimeError):
     """What a generator received is not byte for byte what the trainer published."""
 
@@ -249,8 +253,15 @@ class WeightPuller:
         self.wait_timeout_s = wait_timeout_s
         # When the last version loaded was published (wall clock), if the transport tells.
         self.last_published_at: float | None = None
+        self._stopped = False
+
+    def stop(self) -> None:
+        """Ends every wait for a version (it raises `PullerStopped`): the process is stopping."""
+        self._stopped = True
 
     async def _wait(self, version: int, since: float, published: list[int]) -> None:
+        if self._stopped:
+            raise PullerStopped(f"stopped while waiting for weight version {version}")
         if time.monotonic() - since > self.wait_timeout_s:
             raise TimeoutError(
                 f"weight version {version} was not published through {type(self.transport).__name__} "

@@ -296,6 +296,20 @@ class Generator(ForgeActor):
     async def get_version(self) -> int:
         return self.version
 
+    @concurrent_endpoint
+    async def stop_pulling(self) -> None:
+        """Returns once no call to the weight store is in flight and none will start: before
+        this actor's process stops, since the store's controller fails (and the store with it)
+        when its reply to a stopped process cannot be delivered."""
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.gather(self._follower, return_exceptions=True)
+        if not self.follows_policy:
+            return
+        self._puller.stop()
+        async with self._loading:  # a pull under way finishes first
+            pass
+
     @endpoint
     async def sleep(self, asleep: bool) -> None:
         """vLLM sleeps (KV cache freed, weights in host memory) or wakes up: the training loop
@@ -310,3 +324,16 @@ class Generator(ForgeActor):
             (time.perf_counter() - started) * 1e3,
             Reduce.MEAN,
         )
+
+
+async def stop_pulling(generator) -> None:
+    """`Generator.stop_pulling` on an actor or on every replica of a service (a run's end)."""
+    from forge.controller.service import Service
+
+    try:
+        if isinstance(generator, Service):
+            await generator.stop_pulling.fanout()
+        else:
+            await generator.stop_pulling.call()
+    except Exception as e:  # a generator that died has no call in flight
+        logger.warning("generator stop_pulling: %s", e)

@@ -326,14 +326,15 @@ class Generator(ForgeActor):
         )
 
 
-async def stop_pulling(generator) -> None:
-    """`Generator.stop_pulling` on an actor or on every replica of a service (a run's end)."""
+async def stop_pulling(generator, timeout_s: float = 5.0) -> None:
+    """`Generator.stop_pulling` on an actor or on every replica of a service (a run's end). A
+    generator that died or hangs has no store call to finish: it is not waited for."""
     from forge.controller.service import Service
 
+    call = (
+        generator.stop_pulling.fanout() if isinstance(generator, Service) else generator.stop_pulling.call()
+    )
     try:
-        if isinstance(generator, Service):
-            await generator.stop_pulling.fanout()
-        else:
-            await generator.stop_pulling.call()
-    except Exception as e:  # a generator that died has no call in flight
-        logger.warning("generator stop_pulling: %s", e)
+        await asyncio.wait_for(call, timeout_s)
+    except Exception as e:
+        logger.warning("generator stop_pulling: %s", e or type(e).__name__)

@@ -177,7 +177,12 @@ class Generator(ForgeActor):
         self._loading = asyncio.Lock()
         # A replica that replaces a dead one starts from the policy being trained, not model_path.
         await self._pick_up_newest(0)
-        if self.follows_policy and getattr(self.engine, "update_mode", "drain") == "in_flight":
+        engine = self.engine
+        if (
+            self.follows_policy
+            and isinstance(engine, ConcurrentGenerationEngine)
+            and engine.update_mode == "in_flight"
+        ):
             self._follower = asyncio.create_task(self._follow_policy())
 
     async def _follow_policy(self, poll_s: float = 0.01) -> None:

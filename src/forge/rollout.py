@@ -117,10 +117,10 @@ async def score_groups(
         routed(reward.evaluate_groups)(prompts, answers, targets),
         score_with_models(reward_models, prompts, answers, targets),
     )
-    weights = {m.name: m.weight for m, _ in reward_models.models} if reward_models is not None else {}
+    models_total = reward_models.weighted_total if reward_models is not None else lambda values: 0.0
     scores = [
         [
-            (*with_env_reward(c, total + weighted(values, weights), {**breakdown, **values}), notes)
+            (*with_env_reward(c, total + models_total(values), {**breakdown, **values}), notes)
             for c, (total, breakdown), (values, notes) in zip(group, group_scores, group_models, strict=True)
         ]
         for group, group_scores, group_models in zip(groups, scores, model_scores, strict=True)
@@ -166,12 +166,8 @@ async def score_with_models(
         )
         for i in range(sum(sizes))
     ]
-    starts = [sum(sizes[:g]) for g in range(len(sizes))]
-    return [per_response[start : start + size] for start, size in zip(starts, sizes, strict=True)]
-
-
-def weighted(values: dict[str, float], weights: dict[str, float]) -> float:
-    return sum(weights[name] * value for name, value in values.items())
+    responses = iter(per_response)
+    return [[next(responses) for _ in range(size)] for size in sizes]
 
 
 def without_truncated(groups: list[list[Episode]]) -> list[list[Episode]]:

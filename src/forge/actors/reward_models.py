@@ -89,6 +89,11 @@ class RewardModels:
         handles = await asyncio.gather(*(launch_reward_model(m, gpus) for m in cfg.models))
         return cls(list(zip(cfg.models, handles, strict=True)), cfg.error_reward)
 
+    def weighted_total(self, values: dict[str, float]) -> float:
+        """What one response's {model name: value} adds to its reward."""
+        weights = {m.name: m.weight for m, _ in self.models}
+        return sum(weights[name] * value for name, value in values.items())
+
     async def score(
         self, prompts: list[str], responses: list[str], targets: list[str]
     ) -> dict[str, ModelScores]:

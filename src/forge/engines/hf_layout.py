@@ -34,9 +34,9 @@ class HFLayout:
         with torch.device("meta"):
             return cls.of_model(AutoModelForCausalLM.from_config(hf_config, dtype=dtype))
 
-    def template(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    def template(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
         """Empty tensors to receive a state dict in (primary parameters only)."""
-        return {name: torch.empty(shape, dtype=dtype) for name, shape in self.primary.items()}
+        return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape in self.primary.items()}
 
     def problems(self, state_dict: dict[str, torch.Tensor]) -> list[str]:
         """What keeps `state_dict` from loading: missing, unexpected and misshapen parameters."""

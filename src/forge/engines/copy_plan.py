@@ -13,8 +13,8 @@ A loader that does anything a replay could not repeat is refused with the reason
 (``PlanRejected``): writing a target from something that is not an input (a transposed or
 converted temporary), writing a target by another operation than a copy or a constant fill,
 changing an input, or writing one region twice. Whoever uses a plan should still compare one
-replay with the loader on new values (``ReplayedLoader`` does) because a loader could, in
-principle, write a target by replacing it rather than by writing into it.
+replay with the loader on new values (``ReplayedLoader`` does, by exact fingerprints) because a
+loader could, in principle, write a target by replacing it rather than by writing into it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from forge.fingerprint import fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -230,10 +232,14 @@ class ReplayedLoader:
             self.plan.replay(self._targets(), inputs)
 
     def _check(self, weights: list[tuple[str, torch.Tensor]], inputs: dict[str, torch.Tensor]) -> None:
+        """Replays, then runs the loader on the same values: the fingerprints of every target
+        (computed where it lives, one wait in all) must not change."""
         self.plan.replay(self._targets(), inputs)
-        replayed = {name: t.detach().to("cpu", copy=True) for name, t in self._targets().items()}
+        replayed = _fingerprints(self._targets())
         self._load(weights)
-        differ = [name for name, t in self._targets().items() if not torch.equal(t.cpu(), replayed[name])]
+        loaded = _fingerprints(self._targets())
+        same = (replayed == loaded).tolist()
+        differ = [name for name, equal in zip(self._targets(), same, strict=True) if not equal]
         if differ:
             self._give_up(f"a replay left {differ[:3]} other than the loader does")
         else:
@@ -242,3 +248,8 @@ class ReplayedLoader:
     def _give_up(self, reason: str) -> None:
         logger.warning("%s: loading through the model's loader from now on: %s", self.what, reason)
         self.plan, self.given_up = None, True
+
+
+def _fingerprints(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One exact fingerprint per tensor (a model's parameters: one device)."""
+    return torch.stack([fingerprint(t) for t in tensors.values()])

@@ -24,6 +24,6 @@ def fingerprint(tensor: torch.Tensor, chunk: int = 1 << 24) -> torch.Tensor:
     return total
 
 
-def checksum(tensors: dict[str, torch.Tensor]) -> int:
+def checksum(tensors: dict[str, torch.Tensor], chunk: int = 1 << 24) -> int:
     """One fingerprint of a whole state dict (the sum of its tensors', in Python: no overflow)."""
-    return sum(int(fingerprint(tensors[name]).item()) for name in sorted(tensors))
+    return sum(int(fingerprint(tensors[name], chunk).item()) for name in sorted(tensors))

@@ -30,6 +30,7 @@ on the 2-core CI machine); this path copies the same bytes in well under a milli
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -180,6 +181,7 @@ class IpcReceiver:
 
     def __init__(self) -> None:
         self._opened: dict[tuple, torch.Tensor] = {}
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def _open(self, handle: IpcHandle) -> torch.Tensor:
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
@@ -209,14 +211,24 @@ class IpcReceiver:
         """
         handle.layout.check_matches(into)
         remote = self._open(handle)
-        self._check_stamp(remote, handle.version)
-        views = handle.layout.views(remote)
-        for name, tensor in into.items():
-            tensor.copy_(views[name], non_blocking=True)
-        for device in {t.device for t in into.values() if t.is_cuda}:
-            torch.cuda.synchronize(device)
-        self._check_stamp(remote, handle.version)
+        # On a stream of its own: a device-wide wait would also wait for whatever else this
+        # process has queued on the GPU (a generator's engine step in progress).
+        with self._stream_for(remote):
+            self._check_stamp(remote, handle.version)
+            views = handle.layout.views(remote)
+            for name, tensor in into.items():
+                tensor.copy_(views[name], non_blocking=True)
+            if remote.is_cuda:
+                torch.cuda.current_stream(remote.device).synchronize()
+            self._check_stamp(remote, handle.version)
         return sum(s.nbytes for s in handle.layout.specs)
+
+    def _stream_for(self, remote: torch.Tensor):
+        if not remote.is_cuda:
+            return contextlib.nullcontext()
+        if remote.device not in self._streams:
+            self._streams[remote.device] = torch.cuda.Stream(remote.device)
+        return torch.cuda.stream(self._streams[remote.device])
 
     @staticmethod
     def _check_stamp(remote: torch.Tensor, version: int) -> None:

@@ -21,6 +21,7 @@ Columns, means over the steps after the second (the first two include warm-up):
 - wait batch / sync wait: what the training loop waited for per step (a batch; its weight
   publish); load ms: vLLM's in-place load of a version; ready ms: from the trainer starting
   a publish to the generator sampling with it (one host: the CUDA IPC handle carries the time);
+  these two are medians (the second version's load also checks the copy plan, once);
 - GPU util %: mean over the timed steps; GPU mem GiB: peak over the run, per GPU.
 """
 
@@ -192,9 +193,9 @@ class GpuSampler:
 def summarize(label: str, rows: list[dict], gpu: GpuSampler) -> dict:
     timed = [r for r in rows if r["step"] >= TIMED_FROM_STEP] or rows
 
-    def mean(key: str) -> float:
+    def mean(key: str, of=statistics.mean) -> float:
         values = [r[key] for r in timed if key in r]
-        return statistics.mean(values) if values else float("nan")
+        return of(values) if values else float("nan")
 
     step_s = mean("grpo/step_s")
     generated = sum(r.get("generator/generated_tokens", 0) for r in rows)
@@ -207,8 +208,9 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler) -> dict:
         "in vain": in_vain / generated if generated else 0.0,
         "wait batch ms": mean("grpo/wait_batch_ms"),
         "sync wait ms": mean("grpo/weight_sync_ms"),
-        "load ms": mean("generator/weight_load_ms"),
-        "ready ms": mean("generator/publish_to_ready_ms"),
+        # Medians: the second version's load also checks the copy plan against vLLM's loader.
+        "load ms": mean("generator/weight_load_ms", statistics.median),
+        "ready ms": mean("generator/publish_to_ready_ms", statistics.median),
         "sleep+wake ms": mean("generator/sleep_ms") + mean("generator/wake_ms"),
         **gpu.summary(previous["time"], timed[-1]["time"]),
     }
@@ -244,7 +246,7 @@ def print_table(results: list[dict]) -> None:
         for column in columns:
             value = row.get(column, "")
             if isinstance(value, float):
-                value = "-" if value != value else f"{value:,.3f}" if abs(value) < 10 else f"{value:,.0f}"
+                value = "-" if value != value else f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
             cells.append(str(value))
         print("| " + " | ".join(cells) + " |")
 

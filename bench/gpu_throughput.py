@@ -193,25 +193,25 @@ class GpuSampler:
 def summarize(label: str, rows: list[dict], gpu: GpuSampler) -> dict:
     timed = [r for r in rows if r["step"] >= TIMED_FROM_STEP] or rows
 
-    def mean(key: str, of=statistics.mean) -> float:
+    def over_steps(key: str, of=statistics.mean) -> float:
         values = [r[key] for r in timed if key in r]
         return of(values) if values else float("nan")
 
-    step_s = mean("grpo/step_s")
+    step_s = over_steps("grpo/step_s")
     generated = sum(r.get("generator/generated_tokens", 0) for r in rows)
     in_vain = sum(r.get("buffer/evicted_stale_tokens", 0) for r in rows)
     previous = next((r for r in rows if r["step"] == TIMED_FROM_STEP - 1), rows[0])
     return {
         "run": label,
         "s/step": step_s,
-        "tok/s": mean("train/response_tokens") / step_s,
+        "tok/s": over_steps("train/response_tokens") / step_s,
         "in vain": in_vain / generated if generated else 0.0,
-        "wait batch ms": mean("grpo/wait_batch_ms"),
-        "sync wait ms": mean("grpo/weight_sync_ms"),
+        "wait batch ms": over_steps("grpo/wait_batch_ms"),
+        "sync wait ms": over_steps("grpo/weight_sync_ms"),
         # Medians: the second version's load also checks the copy plan against vLLM's loader.
-        "load ms": mean("generator/weight_load_ms", statistics.median),
-        "ready ms": mean("generator/publish_to_ready_ms", statistics.median),
-        "sleep+wake ms": mean("generator/sleep_ms") + mean("generator/wake_ms"),
+        "load ms": over_steps("generator/weight_load_ms", statistics.median),
+        "ready ms": over_steps("generator/publish_to_ready_ms", statistics.median),
+        "sleep+wake ms": over_steps("generator/sleep_ms") + over_steps("generator/wake_ms"),
         **gpu.summary(previous["time"], timed[-1]["time"]),
     }
 

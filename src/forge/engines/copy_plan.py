@@ -234,12 +234,13 @@ class ReplayedLoader:
     def _check(self, weights: list[tuple[str, torch.Tensor]], inputs: dict[str, torch.Tensor]) -> None:
         """Replays, then runs the loader on the same values: the fingerprints of every target
         (computed where it lives, one wait in all) must not change."""
-        self.plan.replay(self._targets(), inputs)
-        replayed = _fingerprints(self._targets())
+        targets = self._targets()
+        self.plan.replay(targets, inputs)
+        replayed = _fingerprints(targets)
         self._load(weights)
-        loaded = _fingerprints(self._targets())
-        same = (replayed == loaded).tolist()
-        differ = [name for name, equal in zip(self._targets(), same, strict=True) if not equal]
+        targets = self._targets()  # looked up again: the loader may have replaced a parameter
+        same = (replayed == _fingerprints(targets)).tolist()
+        differ = [name for name, equal in zip(targets, same, strict=True) if not equal]
         if differ:
             self._give_up(f"a replay left {differ[:3]} other than the loader does")
         else:

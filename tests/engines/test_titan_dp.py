@@ -1,5 +1,6 @@
 """FSDP2 with data_parallel_shard_degree=2 on CPU (gloo) matches a single-process run, and its
-sharded checkpoints resume exactly.
+sharded checkpoints resume exactly; packed micro-batches too, when the ranks pack their shares
+into different numbers of micro-batches.
 
 The ranks are this file run as a script (``python test_titan_dp.py RANK ...``) rather than
 ``torch.multiprocessing`` functions: pytest imports test files under names (importlib mode)
@@ -21,6 +22,7 @@ from titan_testing import lm_batch, masked_ce
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
 from forge.rl.batch import PolicyBatch
+from forge.rl.losses import build_loss
 
 VOCAB = 40
 WORLD_SIZE = 2
@@ -43,7 +45,9 @@ def make_config(
     return TitanEngineConfig.model_validate(
         {
             "model": {"vocab_size": VOCAB, "hf_path": hf_path},
-            "training": {"seq_len": 32},
+            # Packed by 24 tokens, rank 0's rows (9-12 tokens) make 2 micro-batches and rank 1's
+            # (13-16) make 4: rank 0 runs two idle passes to match rank 1's collectives.
+            "training": {"seq_len": 32, "microbatch_tokens": 24},
             "parallelism": {"data_parallel_shard_degree": shard_degree},
             "checkpoint": {"folder": checkpoint_folder},
         }
@@ -70,7 +74,8 @@ def run_rank(rank: int, init_dir: str, out_dir: str) -> None:
             assert engine.load() == {"cursor": step} and engine.step == step
         metrics.append(engine.train_step(batch, masked_ce))
     assert metrics[-1]["train/loss"] == after_save
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(metrics[:STEPS]))
+    packed = engine.train_step(global_batch(STEPS + 1).split(4)[rank], build_loss("sft"))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps([*metrics[:STEPS], packed]))
     dist.destroy_process_group()
 
 
@@ -116,12 +121,18 @@ def test_fsdp_two_ranks_match_one_process(tmp_path):
     # The same global batches, in one process, whole: the step's token mean and its max.
     single = TitanEngine(make_config(init_dir, 1))
     expected = [single.train_step(global_batch(step), masked_ce) for step in range(STEPS)]
+    trained_state = {k: v.clone() for k, v in single.model.state_dict().items()}
+    single.train_step(global_batch(STEPS), masked_ce)
+    expected_packed = single.train_step(global_batch(STEPS + 1), build_loss("sft"))
     for rank in range(WORLD_SIZE):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for step in range(STEPS):
             for key in ("train/loss", "loss/nll", "loss/nll_max", "train/grad_norm"):
                 assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5), (rank, step, key)
             assert got[step]["train/tokens"] == expected[step]["train/tokens"]
+        for key in ("train/loss", "sft/loss", "sft/token_accuracy", "train/grad_norm"):
+            assert got[STEPS][key] == pytest.approx(expected_packed[key], rel=1e-5), (rank, key)
+    single.model.load_state_dict(trained_state)
 
     trained = TitanEngine(make_config(str(tmp_path / "final"), 1), trainable=False)
     tokens = global_batch(0).tokens

@@ -93,10 +93,7 @@ class TitanTrainer(ForgeActor):
     @endpoint
     async def compute_logprobs(self, tokens, target_ids, temperature: float = 1.0):
         """`[B, T]` logprobs of `target_ids` under the current policy (no gradient)."""
-        from forge.rl.ops import compute_logprobs
-
-        logits = self.engine.forward(tokens)
-        return compute_logprobs(logits, target_ids.to(logits.device), temperature).cpu()
+        return self.engine.score_tokens(tokens, target_ids, torch.ones_like(target_ids), temperature).logprobs
 
     @endpoint
     async def push_weights(self, version: int) -> None:

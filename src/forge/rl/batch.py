@@ -107,13 +107,33 @@ class PolicyBatch:
         tokens = (self.loss_mask != 0).sum(-1)
         return tokens.sum(), (tokens > 0).sum()
 
-    def split(self, microbatch_size: int | None) -> list[PolicyBatch]:
-        """Microbatches of ``microbatch_size`` rows each (None: the whole batch)."""
+    def scored_target_ids(self) -> Tensor:
+        """``target_ids`` as a model can score them: where no loss is taken a padded target may
+        hold an ignore index such as -100, and any valid id does there."""
+        return torch.where(self.loss_mask != 0, self.target_ids, 0).long()
+
+    def sequence_lengths(self) -> Tensor:
+        """``[B]`` the tokens of each row a loss depends on: up to its last loss token. What follows
+        (padding, or context after the last trained token) cannot change an earlier position's
+        prediction under causal attention, so a trainer need not compute it."""
+        positions = torch.arange(1, self.loss_mask.shape[1] + 1)
+        return torch.where(self.loss_mask != 0, positions, 0).amax(-1)
+
+    def select(self, rows: Tensor) -> PolicyBatch:
+        """The batch of ``rows`` (indices); step counts are kept."""
+        return self._map_rows(lambda t: t[rows])
+
+    def row_groups(self, microbatch_size: int | None) -> list[Tensor]:
+        """Row indices of consecutive microbatches of ``microbatch_size`` rows (None: one of all)."""
         self.check()
-        size = microbatch_size or self.num_rows
+        size = microbatch_size or self.num_rows or 1
         if self.num_rows % size:
             raise ValueError(f"batch size {self.num_rows} is not a multiple of microbatch_size {size}")
-        return [self._map_rows(lambda t, i=i: t[i : i + size]) for i in range(0, self.num_rows, size)]
+        return list(torch.arange(self.num_rows).split(size))
+
+    def split(self, microbatch_size: int | None) -> list[PolicyBatch]:
+        """Microbatches of ``microbatch_size`` rows each (None: the whole batch)."""
+        return [self.select(rows) for rows in self.row_groups(microbatch_size)]
 
     def check(self) -> None:
         """Raises ValueError unless every field has the batch's B rows (and T columns where [B, T])."""

@@ -103,8 +103,16 @@ class TrainingConfig(_Section):
     seq_len: int = Field(default=2048, gt=0)
     """Longest sequence the engine accepts (it sizes the RoPE cache)."""
     microbatch_size: int | None = Field(default=None, gt=0)
-    """Sequences per forward/backward; a larger batch is split and its gradients accumulated.
+    """Sequences per forward/backward when micro-batches are padded rows (``packing`` off, or a
+    loss that needs the full logits); a larger batch is split and its gradients accumulated.
     None runs the whole batch at once. ``train_step(microbatch_size=...)`` overrides it."""
+    packing: bool = True
+    """Pack each micro-batch's sequences end to end in one row (no padding; attention within
+    each sequence), with micro-batches formed by ``microbatch_tokens``. Off: padded rows."""
+    microbatch_tokens: int | None = Field(default=None, gt=0)
+    """With packing, the most tokens per forward/backward (a longer sequence gets one of its own).
+    None: ``microbatch_size`` times the batch's longest sequence, the tokens a padded micro-batch
+    would hold (the whole batch without ``microbatch_size``)."""
     max_norm: float = Field(default=1.0, gt=0)
     """Gradient clipping threshold (total L2 norm)."""
     seed: int = Field(default=0, ge=0)

@@ -13,7 +13,8 @@ import copy
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,6 +32,7 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.protocols.train_spec import get_train_spec
 from torchtitan.tools.utils import set_default_dtype
 
+from forge.engines.titan.attention import rows_metadata, use_document_attention
 from forge.engines.titan.checkpoint import Checkpointer, TrainState, load_dcp, save_dcp
 from forge.engines.titan.checkpoint_model import check_config_agrees, read_checkpoint_model
 from forge.engines.titan.config import TitanEngineConfig
@@ -45,9 +47,14 @@ from forge.engines.titan.hf import (
     write_hf_dir,
 )
 from forge.engines.titan.job_config import build_job_config
+from forge.engines.titan.packing import PackedRow, pack, plan_microbatches
 from forge.engines.titan.parallelize import build_parallel_dims, parallelize
 from forge.engines.titan.runtime import init_runtime
+from forge.engines.titan.scoring_head import ScoringHead
+from forge.engines.titan.throughput import ModelFlops, PhaseTimer, peak_flops
 from forge.rl.batch import PolicyBatch
+from forge.rl.losses.base import Loss
+from forge.rl.token_scores import TokenScores, scores_from_logits
 
 logger = logging.getLogger(__name__)
 
@@ -136,9 +143,18 @@ class TitanEngine:
         return f"{self.config.model.name}/{self.config.model.flavor}"
 
     def _build_model(self) -> torch.nn.Module:
+        # Every micro-batch, padded or packed, describes its sequences to the attention the same
+        # way (forge.engines.titan.attention), through torchtitan's varlen code path.
+        self.model_args.attn_type = "varlen"
         with torch.device("meta"), set_default_dtype(TORCH_DTYPE_MAP[self.config.training.dtype]):
             model = self.spec.model_cls(self.model_args)
+        use_document_attention(model)
+        model.output = ScoringHead.replacing(model.output)
+        args = self.model_args
+        head_dim = getattr(args, "head_dim", None) or args.dim // args.n_heads
+        self.flops = ModelFlops(model, args.n_layers, args.n_heads, head_dim)
         model = parallelize(model, self.spec, self.parallel_dims, self.job_config)
+        self._head = model.output
         model.to_empty(device=self.device)
         with torch.no_grad():
             model.init_weights(buffer_device=None)
@@ -171,7 +187,113 @@ class TitanEngine:
         missing = -width % self.parallel_dims.seq_len_divisor if self.parallel_dims.tp_enabled else 0
         if missing:
             tokens = torch.nn.functional.pad(tokens, (0, missing))
-        return self.model(tokens)[:, :width]
+        return self.model(tokens, attention_masks=rows_metadata(*tokens.shape, tokens.device))[:, :width]
+
+    @property
+    def scores_in_head(self) -> bool:
+        """Whether the output layer computes the losses' token scores itself (no logits). Not
+        under tensor parallelism: its weight is split over the vocabulary there, and the losses
+        score the gathered logits."""
+        return not self.parallel_dims.tp_enabled
+
+    def _scores(self, microbatch: PolicyBatch, packed: PackedRow | None, temperature: float) -> TokenScores:
+        """The token scores of a micro-batch on the device, through the scoring head."""
+        if packed is None:
+            tokens, target_ids = microbatch.tokens, microbatch.scored_target_ids()
+            attention, positions = rows_metadata(*tokens.shape, tokens.device), None
+        else:
+            tokens, target_ids, attention, positions = (
+                packed.tokens,
+                packed.target_ids,
+                packed.attention,
+                packed.positions,
+            )
+        with self._head.scoring(target_ids, temperature):
+            stacked = self.model(tokens, attention_masks=attention, positions=positions)
+        return TokenScores.unstack(stacked if packed is None else packed.to_padded(stacked))
+
+    def _microbatches(
+        self, batch: PolicyBatch, packing: bool, microbatch_size: int | None
+    ) -> tuple[Iterator[tuple[torch.Tensor, PolicyBatch, PackedRow | None]], int]:
+        """The micro-batches of ``batch`` as (its rows, those rows on the device, their packed row
+        or None), and the idle passes to run after them.
+
+        Under data parallelism every rank runs the same number of forward passes (each one is a
+        collective), so a rank with fewer micro-batches than another runs idle passes to match.
+        Each micro-batch is moved to the device as it is used.
+        """
+        batch.check()
+        rows_per_microbatch = microbatch_size or self.config.training.microbatch_size
+        lengths = batch.sequence_lengths()
+        longest = int(lengths.max()) if lengths.numel() else 0
+        packing = packing and longest > 0
+        if packing:
+            budget = (
+                self.config.training.microbatch_tokens or (rows_per_microbatch or batch.num_rows) * longest
+            )
+            plan = [torch.tensor(rows) for rows in plan_microbatches(lengths.tolist(), budget)]
+        else:
+            plan = batch.row_groups(rows_per_microbatch)
+
+        def load(rows: torch.Tensor) -> tuple[torch.Tensor, PolicyBatch, PackedRow | None]:
+            # The batch's width is kept: a loss may read it (fixed_horizon's default horizon).
+            microbatch = batch.select(rows).to(self.device)
+            if not packing:
+                return rows, microbatch, None
+            return rows, microbatch, pack(microbatch.tokens, microbatch.scored_target_ids(), lengths[rows])
+
+        return map(load, plan), self._max_over_data_parallel(len(plan)) - len(plan)
+
+    def _max_over_data_parallel(self, value: int) -> int:
+        if not self.parallel_dims.dp_enabled:
+            return value
+        tensor = torch.tensor(value, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.parallel_dims.get_mesh("batch").get_group())
+        return int(tensor)
+
+    def _idle_pass(self, backward: bool) -> None:
+        """A forward (and backward) on one token that changes no gradient: the collectives of a
+        pass for a rank that has no micro-batch left while others do."""
+        token = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        with self._compute_context():
+            out = self._logits(token)
+        if backward:
+            (out.sum() * 0).backward()
+
+    @torch.no_grad()
+    def score_tokens(
+        self,
+        tokens: torch.Tensor,
+        target_ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> TokenScores:
+        """Scores ``[B, T]`` of ``target_ids`` where ``loss_mask`` is set (0 elsewhere) under
+        ``softmax(logits / temperature)``, without a graph: packed by ``training.packing`` and
+        ``microbatch_tokens`` (or all rows at once) as a train step would, on every rank of a
+        data-parallel group (each with its own rows, possibly none)."""
+        batch = PolicyBatch(target_ids=target_ids, loss_mask=loss_mask, tokens=tokens)
+        scored = loss_mask != 0
+        if not self.scores_in_head:
+            with self._compute_context():
+                logits = self._logits(tokens.to(self.device))
+            scores = scores_from_logits(logits, batch.scored_target_ids().to(self.device), temperature)
+            return TokenScores(*(torch.where(scored, t.cpu(), 0) for t in dataclasses.astuple(scores)))
+        scores = TokenScores(
+            torch.zeros(target_ids.shape),
+            torch.zeros(target_ids.shape),
+            torch.zeros(target_ids.shape, dtype=torch.bool),
+        )
+        microbatches, idle_passes = self._microbatches(batch, self.config.training.packing, None)
+        for rows, microbatch, packed in microbatches:
+            with self._compute_context():
+                part = self._scores(microbatch, packed, temperature)
+            for field in dataclasses.fields(TokenScores):
+                values = torch.where(scored[rows], getattr(part, field.name).cpu(), 0)
+                getattr(scores, field.name)[rows] = values.to(getattr(scores, field.name).dtype)
+        for _ in range(idle_passes):
+            self._idle_pass(backward=False)
+        return scores
 
     @property
     def dp_rank(self) -> int:
@@ -189,46 +311,69 @@ class TitanEngine:
     ) -> dict[str, float]:
         """One optimizer step on this rank's ``batch``.
 
-        ``batch.tokens`` ``[B, T]`` is the model input. The batch is split into microbatches of
-        ``microbatch_size`` rows (default ``training.microbatch_size``, else all of B) whose
-        gradients accumulate; ``loss_fn`` sees each microbatch's logits and batch, whose
-        ``step_tokens`` / ``step_sequences`` this method sets to the counts of the whole step
-        (all microbatches of all data-parallel ranks). The loss of each microbatch is its share
+        ``batch.tokens`` ``[B, T]`` is the model input. The batch is split into microbatches whose
+        gradients accumulate. A forge ``Loss`` is computed from token scores that the output
+        layer computes without logits (``forge.rl.token_scores``), and with ``training.packing``
+        each micro-batch is its sequences packed in one row of at most ``microbatch_tokens``
+        tokens (``forge.engines.titan.packing``); any other ``loss_fn`` sees the logits of
+        micro-batches of ``microbatch_size`` padded rows (default ``training.microbatch_size``,
+        else all of B). Every micro-batch's ``step_tokens`` / ``step_sequences`` are the counts of
+        the whole step (all microbatches of all data-parallel ranks). The loss of each microbatch is its share
         of the step's loss, and the gradient is that of their sum: whatever the microbatch size
         and the number of ranks, a step's gradient is that of one loss over the whole step.
         Metrics are summed likewise, or maximised when the loss output names them ``"max"``;
         every rank returns the same values. A step whose loss or gradient norm is not finite
-        changes no parameter and reports ``train/skipped`` 1.
+        changes no parameter and reports ``train/skipped`` 1. ``trainer/*`` metrics say how fast
+        the step ran (``forge.engines.titan.throughput``).
         """
         self._require_trainable("train_step")
         if batch.tokens is None:
             raise ValueError("train_step needs batch.tokens, the model's input")
+        started = time.perf_counter()
         batch = self._with_step_counts(batch)
-        microbatches = batch.split(microbatch_size or self.config.training.microbatch_size)
+        lengths = batch.sequence_lengths()
         lr = self.lr_schedulers.schedulers[0].get_last_lr()[0]
+        # A forge loss is computed from token scores, which the output layer computes without
+        # the logits; any other callable gets the logits of padded rows.
+        scoring = isinstance(loss_fn, Loss) and self.scores_in_head
+        timer = PhaseTimer(self.device)
 
         self.optimizers.zero_grad()
         per_microbatch: dict[str, list[torch.Tensor]] = {}
         reductions: dict[str, str] = {}
-        for microbatch in microbatches:
-            microbatch = microbatch.to(self.device)
-            with self._compute_context():
-                logits = self._logits(microbatch.tokens)
-                out = loss_fn(logits, microbatch)
-            del logits  # free before backward, as torchtitan does
-            (out.loss * self._grad_scale).backward()
+        computed_tokens = 0
+        microbatches, idle_passes = self._microbatches(
+            batch, scoring and self.config.training.packing, microbatch_size
+        )
+        for _, microbatch, packed in microbatches:
+            computed_tokens += microbatch.tokens.numel() if packed is None else packed.num_tokens
+            with timer.phase("forward"), self._compute_context():
+                if scoring:
+                    out = loss_fn.from_scores(
+                        self._scores(microbatch, packed, loss_fn.temperature), microbatch
+                    )
+                else:
+                    out = loss_fn(self._logits(microbatch.tokens), microbatch)
+            with timer.phase("backward"):
+                (out.loss * self._grad_scale).backward()
             reductions.update(out.reductions)
             for name, value in {"train/loss": out.loss, **out.metrics}.items():
                 # Kept as tensors: one device sync at the end, not one per microbatch.
                 per_microbatch.setdefault(name, []).append(_detached(value))
-        grad_norm = dist_utils.clip_grad_norm_(
-            list(self.model.parameters()), self.config.training.max_norm, foreach=True
-        ).item()
+        for _ in range(idle_passes):
+            self._idle_pass(backward=True)
+        with timer.phase("optimizer"):
+            grad_norm = dist_utils.clip_grad_norm_(
+                list(self.model.parameters()), self.config.training.max_norm, foreach=True
+            ).item()
         combined = {name: torch.stack(values) for name, values in per_microbatch.items()}
         maxima = {name: v.max() for name, v in combined.items() if reductions.get(name) == "max"}
         sums = {name: v.sum() for name, v in combined.items() if name not in maxima}
         sums["train/tokens"] = torch.tensor(batch.tokens.numel())
         sums["train/response_tokens"] = (batch.loss_mask != 0).sum()  # the generated ones trained
+        sums["trainer/sequence_tokens"] = lengths.sum()
+        sums["trainer/computed_tokens"] = torch.tensor(computed_tokens)
+        sums["trainer/flops"] = torch.tensor(self.flops.of_sequences(lengths), dtype=torch.float64)
         # Reduced before deciding: every rank sees the same values, so all skip or none does.
         metrics = {
             **self._reduce_over_data_parallel(sums, dist.ReduceOp.SUM),
@@ -245,7 +390,8 @@ class TitanEngine:
             )
             self.optimizers.zero_grad()
         else:
-            self.optimizers.step()
+            with timer.phase("optimizer"):
+                self.optimizers.step()
         # The schedule and the step count follow the data consumed, skipped or not.
         self.lr_schedulers.step()
         self.step += 1
@@ -259,7 +405,24 @@ class TitanEngine:
                 "train/skipped": float(skipped),
             }
         )
+        metrics.update(self._throughput(metrics, timer.seconds(), time.perf_counter() - started))
         return metrics
+
+    def _throughput(
+        self, metrics: dict[str, float], phases: dict[str, float], seconds: float
+    ) -> dict[str, float]:
+        """``trainer/*``: the step's time, its phases, tokens/s and MFU (``forge.engines.titan.throughput``)."""
+        sequence_tokens = metrics.pop("trainer/sequence_tokens")
+        computed = metrics.pop("trainer/computed_tokens")
+        flops = metrics.pop("trainer/flops")
+        out = {f"trainer/{name}_s": value for name, value in phases.items()}
+        out["trainer/step_s"] = seconds
+        out["trainer/tokens_per_s"] = sequence_tokens / seconds
+        out["trainer/padding_frac"] = 1 - sequence_tokens / computed if computed else 0.0
+        peak = peak_flops(self.device)
+        if peak is not None:
+            out["trainer/mfu"] = flops / (seconds * peak * dist.get_world_size())
+        return out
 
     def _with_step_counts(self, batch: PolicyBatch) -> PolicyBatch:
         """``batch`` with the loss-token and sequence counts of the step, over the dp ranks."""
@@ -290,7 +453,11 @@ class TitanEngine:
         if dtype is None:
             titan_sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         else:
-            titan_sd = {name: _gather(t.detach().to(dtype)) for name, t in self.model.state_dict().items()}
+            titan_sd = {
+                # A compiled block is a wrapper whose own names add `_orig_mod`.
+                name.replace("._orig_mod", ""): _gather(t.detach().to(dtype))
+                for name, t in self.model.state_dict().items()
+            }
         return self.adapter.to_hf(titan_sd)
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor], source: str = "a state dict") -> None:

@@ -9,19 +9,17 @@ from forge.data.shares import Share, share_of
 from forge.data.types import Completion
 from forge.engines.titan.engine import TitanEngine
 from forge.rl.batch import pad_sequences, response_rows
-from forge.rl.ops import compute_logprobs
 
 
 def completion_logprobs(
     engine: TitanEngine, completions: Sequence[Completion], temperature: float = 1.0
 ) -> list[list[float]]:
     """Per completion, the logprob of each response token given the tokens before it, under
-    ``softmax(logits / temperature)``: one forward over the completions padded to the longest."""
+    ``softmax(logits / temperature)``, micro-batched (and packed) as the engine trains."""
     tokens, target_ids, span = pad_sequences(
         [c.prompt_ids for c in completions], [c.response_ids for c in completions], pad_id=0
     )
-    logits = engine.forward(tokens)
-    logprobs = compute_logprobs(logits, target_ids.to(logits.device), temperature).cpu()
+    logprobs = engine.score_tokens(tokens, target_ids, span, temperature).logprobs
     return response_rows(logprobs, span)
 
 
@@ -33,9 +31,10 @@ def share_logprobs(engine: TitanEngine, completions: Sequence[Completion], tempe
     if share:
         values = completion_logprobs(engine, share, temperature)
     else:
-        # The forward is a collective (FSDP gathers each layer's parameters from every rank,
-        # TP reduces across its group): a rank with nothing to compute still runs one, on one
-        # token, or the ranks that have work would wait for it forever.
-        engine.forward(torch.zeros((1, 1), dtype=torch.long))
+        # The forwards are collectives (FSDP gathers each layer's parameters from every rank,
+        # TP reduces across its group): a rank with nothing to compute still runs as many as
+        # the others, or the ranks that have work would wait for it forever.
+        empty = torch.zeros((0, 1), dtype=torch.long)
+        engine.score_tokens(empty, empty, empty, temperature)
         values = []
     return Share(engine.dp_rank, engine.dp_size, values)

@@ -31,10 +31,9 @@ from forge.rl.ops import (
     broadcast_advantages,
     check_logits,
     check_same_shape,
-    compute_entropy,
     compute_kl,
-    compute_logprobs,
 )
+from forge.rl.token_scores import TokenScores, scores_from_logits
 
 MetricReduce = Literal["sum", "max"]
 
@@ -92,6 +91,8 @@ class Loss(ABC):
 
     def __init__(self, **params: Any) -> None:
         self.config = self.config_class(**params)
+        # The temperature the model's logprobs are taken at (the generator's sampling temperature).
+        self.temperature: float = getattr(self.config, "temperature", 1.0)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | BaseLossConfig) -> Self:
@@ -102,8 +103,18 @@ class Loss(ABC):
         params = ", ".join(f"{k}={v!r}" for k, v in self.config.model_dump().items())
         return f"{type(self).__name__}({params})"
 
+    def __call__(self, logits: Tensor, batch: PolicyBatch) -> LossOutput:
+        where = type(self).__name__
+        check_logits(where, logits, batch.target_ids)
+        check_same_shape(where, target_ids=batch.target_ids, loss_mask=batch.loss_mask)
+        return self.from_scores(
+            scores_from_logits(logits, batch.scored_target_ids(), self.temperature), batch
+        )
+
     @abstractmethod
-    def __call__(self, logits: Tensor, batch: PolicyBatch) -> LossOutput: ...
+    def from_scores(self, scores: TokenScores, batch: PolicyBatch) -> LossOutput:
+        """The loss from the model's per-token scores of ``batch.target_ids`` (``[B, T]`` each);
+        the trainer computes them from hidden states without the full logits."""
 
 
 def token_fraction(flags: Tensor, batch: PolicyBatch) -> Tensor:
@@ -138,18 +149,9 @@ class PolicyLoss(Loss):
 
     config: PolicyLossConfig
 
-    def __call__(self, logits: Tensor, batch: PolicyBatch) -> LossOutput:
-        where = type(self).__name__
-        check_logits(where, logits, batch.target_ids)
-        check_same_shape(where, target_ids=batch.target_ids, loss_mask=batch.loss_mask)
-        response = batch.loss_mask != 0
-        # Padded targets may hold an ignore index such as -100; any valid id does there.
-        target_ids = torch.where(response, batch.target_ids, 0)
-        logprobs = compute_logprobs(logits, target_ids, self.config.temperature)
-        out = self.loss_from_logprobs(logprobs, batch)
-        with torch.no_grad():
-            entropy = compute_entropy(logits.detach(), response, self.config.temperature)[0]
-            out.metric_tensors["loss/entropy"] = token_mean(entropy, batch)
+    def from_scores(self, scores: TokenScores, batch: PolicyBatch) -> LossOutput:
+        out = self.loss_from_logprobs(scores.logprobs, batch)
+        out.metric_tensors["loss/entropy"] = token_mean(scores.entropy, batch)
         return out
 
     def loss_from_logprobs(self, logprobs: Tensor, batch: PolicyBatch) -> LossOutput:

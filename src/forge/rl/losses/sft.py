@@ -1,11 +1,11 @@
 """Supervised fine-tuning: masked cross-entropy on the target tokens."""
 
 import torch
-from torch import Tensor
 
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses.base import AggregatedLossConfig, Loss, LossOutput, token_mean
-from forge.rl.ops import aggregate, check_logits, check_same_shape, compute_logprobs
+from forge.rl.ops import aggregate
+from forge.rl.token_scores import TokenScores
 
 
 class SFTLossConfig(AggregatedLossConfig):
@@ -24,18 +24,18 @@ class SFTLoss(Loss):
     config_class = SFTLossConfig
     config: SFTLossConfig
 
-    def __call__(self, logits: Tensor, batch: PolicyBatch) -> LossOutput:
-        check_logits("SFTLoss", logits, batch.target_ids)
-        check_same_shape("SFTLoss", target_ids=batch.target_ids, loss_mask=batch.loss_mask)
+    def from_scores(self, scores: TokenScores, batch: PolicyBatch) -> LossOutput:
         response = batch.loss_mask != 0
-        # Padded targets may hold an ignore index such as -100; any valid id does there.
-        target_ids = torch.where(response, batch.target_ids, 0)
-        nll = -compute_logprobs(logits, target_ids)
         loss = aggregate(
-            nll, response, self.config.agg_type, self.config.horizon, batch.step_tokens, batch.step_sequences
+            -scores.logprobs,
+            response,
+            self.config.agg_type,
+            self.config.horizon,
+            batch.step_tokens,
+            batch.step_sequences,
         )
         with torch.no_grad():
-            correct = (logits.detach().argmax(-1) == target_ids).to(torch.float32)
+            correct = scores.is_argmax.to(torch.float32)
             metrics = {
                 "sft/loss": loss.detach(),
                 "sft/token_accuracy": token_mean(correct, batch),

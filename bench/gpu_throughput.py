@@ -7,7 +7,7 @@ machines), with GPU utilization and memory sampled by nvidia-smi. Prints one tab
 
 `--preset trl` is the work TRL's GRPOTrainer was measured on (bench/RESULTS.md): per optimizer
 step 64 prompts of exactly 64 tokens x 8 samples of exactly 256 new tokens (a random model
-practically never samples eos), 512 episodes trained, temperature 1.0, micro-batch 16. Without
+practically never samples eos), 512 episodes trained, temperature 1.0. Without
 it, the smaller workload of the first GPU runs (16 x 8 x 128 on toy-task prompts).
 
 Each variant (VARIANTS) is one run of the app; the overrides after the options apply to all.
@@ -53,7 +53,7 @@ VARIANTS = {
     + [
         "generator.update_mode=in_flight",
         "trainer.engine.training.activation_checkpoint=full",
-        "trainer.engine.training.microbatch_size=8",
+        "trainer.engine.training.microbatch_tokens=8192",
         "generator.vllm.kv_cache_memory_gib=16",
     ],
     # vLLM sleeps through each train step (its KV cache freed, weights in host memory).
@@ -92,9 +92,10 @@ def fixed_length_prompts(policy: Path, out: Path, length: int, count: int = 4096
 
 
 # What the trl preset needs at 1.7B to fit one 80 GB GPU beside vLLM (at micro-batch 16 the
-# trainer held 56 GiB and ran out of memory on an H100).
+# trainer held 56 GiB and ran out of memory on an H100; alone on an H200, packed micro-batches of
+# 32k tokens peaked at 96 GiB, so half of that).
 LARGER_MODELS = {
-    "1.7B": ["trainer.engine.training.microbatch_size=8", "generator.vllm.kv_cache_memory_gib=16"]
+    "1.7B": ["trainer.engine.training.microbatch_tokens=16384", "generator.vllm.kv_cache_memory_gib=16"]
 }
 
 
@@ -140,7 +141,11 @@ def config_lines(policy: Path, out: Path, size: str, engine: str, steps: int) ->
         "generator.sampling.temperature=1.0",
         f"trainer.engine.model.flavor={size}",
         "trainer.engine.training.mixed_precision_param=bfloat16",
-        "trainer.engine.training.microbatch_size=16",
+        # The trainer as bench/trainer_throughput.py measured it fastest: packed micro-batches of
+        # 32k tokens, the model compiled, the fused AdamW.
+        "trainer.engine.training.microbatch_tokens=32768",
+        "trainer.engine.training.compile=true",
+        "trainer.engine.optimizer.implementation=fused",
         "trainer.engine.optimizer.lr=1e-6",
         "trainer.loss.params.temperature=1.0",
         "rollout.skip_groups_without_signal=false",

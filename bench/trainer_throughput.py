@@ -44,6 +44,10 @@ VARIANTS: dict[str, dict] = {
         "training": {"microbatch_tokens": 65536, "compile": True, "activation_checkpoint": "selective"},
         "optimizer": {"implementation": "fused"},
     },
+    "padded-16-fused-compile": {
+        "training": {"packing": False, "microbatch_size": 16, "compile": True},
+        "optimizer": {"implementation": "fused"},
+    },
     "padded-32k-fused-compile": {
         "training": {"packing": False, "microbatch_size": 64, "compile": True},
         "optimizer": {"implementation": "fused"},
@@ -130,9 +134,13 @@ def profile_step(engine, batch, loss, out: Path) -> None:
     with profile(activities=activities) as prof:
         engine.train_step(batch, loss)
     events = prof.key_averages()
-    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    launches = sum(
+        e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")
+    )
     sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
-    (out / "top_ops.txt").write_text(f"kernel launches: {launches}\n" + events.table(sort_by=sort, row_limit=25))
+    (out / "top_ops.txt").write_text(
+        f"kernel launches: {launches}\n" + events.table(sort_by=sort, row_limit=25)
+    )
 
 
 def print_table(rows: list[dict]) -> None:
@@ -152,7 +160,9 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", nargs="+", default=["0.6B"])
     parser.add_argument("--preset", choices=["trl", "varlen"], default="trl")
     parser.add_argument("--variants", type=lambda text: text.split(","), default=list(VARIANTS))

@@ -228,6 +228,7 @@ def test_policy_batch_split_checks_the_batch():
     batch = make_batch(4)
     assert [mb.tokens.shape[0] for mb in batch.split(2)] == [2, 2]
     assert [mb.tokens.shape[0] for mb in batch.split(None)] == [4]
+    assert make_batch(0).split(2) == [] and make_batch(0).split(None) == []  # no empty microbatch
     with pytest.raises(ValueError, match="not a multiple"):
         batch.split(3)
     batch.advantages = torch.zeros(3)

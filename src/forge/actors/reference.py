@@ -6,18 +6,21 @@ It runs with the trainer's parallelism: launched on as many processes and hosts 
 (TP) exactly as the trainer's is, and any parallelism the trainer accepts, the reference
 accepts. Every endpoint is called on all ranks. ``forward`` gets every completion on every
 rank; each data-parallel rank computes its share (the ranks of a TP group the same one, a rank
-with no share a one-token forward, see ``forge.engines.titan.logprobs``), and
+with fewer micro-batches idle passes to match, see ``forge.engines.titan.logprobs``), and
 ``reference_logprobs``, the caller's side, joins the shares back in the completions' order.
 """
 
 from __future__ import annotations
 
-from monarch.actor import endpoint
+import time
+
+from monarch.actor import current_rank, endpoint
 
 from forge.controller import ForgeActor
 from forge.data.shares import Share, join_shares
 from forge.data.types import Completion
 from forge.engines.titan.config import TitanEngineConfig
+from forge.observability import Reduce, record_metric
 
 
 class ReferenceModel(ForgeActor):
@@ -36,7 +39,14 @@ class ReferenceModel(ForgeActor):
         """This rank's data-parallel share of the completions' response-token logprobs."""
         from forge.engines.titan.logprobs import share_logprobs
 
-        return share_logprobs(self.engine, completions, self.temperature)
+        started = time.perf_counter()
+        share = share_logprobs(self.engine, completions, self.temperature)
+        seconds = time.perf_counter() - started
+        if current_rank().rank == 0:
+            tokens = sum(len(c.prompt_ids) + len(c.response_ids) - 1 for c in completions)
+            record_metric("reference/forward_s", seconds, Reduce.SUM)
+            record_metric("reference/tokens_per_s", tokens / seconds, Reduce.MEAN)
+        return share
 
 
 async def reference_logprobs(reference, completions: list[Completion]) -> list[list[float]]:

@@ -129,7 +129,8 @@ class PolicyBatch:
         size = microbatch_size or self.num_rows or 1
         if self.num_rows % size:
             raise ValueError(f"batch size {self.num_rows} is not a multiple of microbatch_size {size}")
-        return list(torch.arange(self.num_rows).split(size))
+        # (torch splits an empty range into one empty part.)
+        return list(torch.arange(self.num_rows).split(size)) if self.num_rows else []
 
     def split(self, microbatch_size: int | None) -> list[PolicyBatch]:
         """Microbatches of ``microbatch_size`` rows each (None: the whole batch)."""

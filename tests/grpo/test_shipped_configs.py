@@ -100,6 +100,8 @@ STEP_METRICS = (
     "loss/clip_frac_low",
     "train/grad_norm",
     "train/lr",
+    "trainer/tokens_per_s",
+    "trainer/forward_s",
     "generator/tokens_per_s",
     "generator/weight_sync_ms",
     "rollout/reward",

@@ -24,12 +24,12 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 lint: install
-	$(PY) -m ruff check src apps tests bench
-	$(PY) -m ruff format --check src apps tests bench
+	$(PY) -m ruff check src apps tests bench examples
+	$(PY) -m ruff format --check src apps tests bench examples
 
 format: install
-	$(PY) -m ruff check --fix src apps tests bench
-	$(PY) -m ruff format src apps tests bench
+	$(PY) -m ruff check --fix src apps tests bench examples
+	$(PY) -m ruff format src apps tests bench examples
 
 bench: install
 	$(PY) bench/store_bench.py

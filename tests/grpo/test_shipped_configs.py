@@ -62,6 +62,7 @@ EXTRA = {
         # in flight, by its background follower (the config's own drain is the default path).
         "generator.update_mode=in_flight",
     ],
+    "grpo/your_model_cpu.yaml": ["dataset.path={prompts}", "dataset.eval_path={prompts}"],
     # One task whose questions fit the tiny model's 64 positions, no system prompt, and every
     # group recorded for check_reasoning_gym_run ({{ }}: these strings go through str.format).
     "grpo/reasoning_gym.yaml": [

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,11 +47,11 @@ from forge.engines.titan.hf import (
     write_hf_dir,
 )
 from forge.engines.titan.job_config import build_job_config
-from forge.engines.titan.packing import PackedRow, pack, plan_microbatches
+from forge.engines.titan.packing import MicrobatchPlan, PackedRow
 from forge.engines.titan.parallelize import build_parallel_dims, parallelize
 from forge.engines.titan.runtime import init_runtime
 from forge.engines.titan.scoring_head import ScoringHead
-from forge.engines.titan.throughput import ModelFlops, PhaseTimer, peak_flops
+from forge.engines.titan.throughput import ModelFlops, PhaseTimer, peak_flops, step_throughput
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses.base import Loss
 from forge.rl.token_scores import TokenScores, scores_from_logits
@@ -212,37 +212,19 @@ class TitanEngine:
             stacked = self.model(tokens, attention_masks=attention, positions=positions)
         return TokenScores.unstack(stacked if packed is None else packed.to_padded(stacked))
 
-    def _microbatches(
+    def _plan(
         self, batch: PolicyBatch, packing: bool, microbatch_size: int | None
-    ) -> tuple[Iterator[tuple[torch.Tensor, PolicyBatch, PackedRow | None]], int]:
-        """The micro-batches of ``batch`` as (its rows, those rows on the device, their packed row
-        or None), and the idle passes to run after them.
-
-        Under data parallelism every rank runs the same number of forward passes (each one is a
-        collective), so a rank with fewer micro-batches than another runs idle passes to match.
-        Each micro-batch is moved to the device as it is used.
-        """
-        batch.check()
-        rows_per_microbatch = microbatch_size or self.config.training.microbatch_size
-        lengths = batch.sequence_lengths()
-        longest = int(lengths.max()) if lengths.numel() else 0
-        packing = packing and longest > 0
-        if packing:
-            budget = (
-                self.config.training.microbatch_tokens or (rows_per_microbatch or batch.num_rows) * longest
-            )
-            plan = [torch.tensor(rows) for rows in plan_microbatches(lengths.tolist(), budget)]
-        else:
-            plan = batch.row_groups(rows_per_microbatch)
-
-        def load(rows: torch.Tensor) -> tuple[torch.Tensor, PolicyBatch, PackedRow | None]:
-            # The batch's width is kept: a loss may read it (fixed_horizon's default horizon).
-            microbatch = batch.select(rows).to(self.device)
-            if not packing:
-                return rows, microbatch, None
-            return rows, microbatch, pack(microbatch.tokens, microbatch.scored_target_ids(), lengths[rows])
-
-        return map(load, plan), self._max_over_data_parallel(len(plan)) - len(plan)
+    ) -> tuple[MicrobatchPlan, int]:
+        """The micro-batches of this rank's ``batch``, and the idle passes to run after them: under
+        data parallelism every rank runs as many forward passes as the rank with the most (each
+        pass is a collective)."""
+        plan = MicrobatchPlan(
+            batch,
+            packing,
+            microbatch_size or self.config.training.microbatch_size,
+            self.config.training.microbatch_tokens,
+        )
+        return plan, self._max_over_data_parallel(len(plan)) - len(plan)
 
     def _max_over_data_parallel(self, value: int) -> int:
         if not self.parallel_dims.dp_enabled:
@@ -284,10 +266,11 @@ class TitanEngine:
             torch.zeros(target_ids.shape),
             torch.zeros(target_ids.shape, dtype=torch.bool),
         )
-        microbatches, idle_passes = self._microbatches(batch, self.config.training.packing, None)
-        for rows, microbatch, packed in microbatches:
+        plan, idle_passes = self._plan(batch, self.config.training.packing, None)
+        for microbatch in plan.on(self.device):
             with self._compute_context():
-                part = self._scores(microbatch, packed, temperature)
+                part = self._scores(microbatch.batch, microbatch.packed, temperature)
+            rows = microbatch.rows
             for field in dataclasses.fields(TokenScores):
                 values = torch.where(scored[rows], getattr(part, field.name).cpu(), 0)
                 getattr(scores, field.name)[rows] = values.to(getattr(scores, field.name).dtype)
@@ -342,10 +325,9 @@ class TitanEngine:
         per_microbatch: dict[str, list[torch.Tensor]] = {}
         reductions: dict[str, str] = {}
         computed_tokens = 0
-        microbatches, idle_passes = self._microbatches(
-            batch, scoring and self.config.training.packing, microbatch_size
-        )
-        for _, microbatch, packed in microbatches:
+        plan, idle_passes = self._plan(batch, scoring and self.config.training.packing, microbatch_size)
+        for part in plan.on(self.device):
+            microbatch, packed = part.batch, part.packed
             computed_tokens += microbatch.tokens.numel() if packed is None else packed.num_tokens
             with timer.phase("forward"), self._compute_context():
                 if scoring:
@@ -405,24 +387,12 @@ class TitanEngine:
                 "train/skipped": float(skipped),
             }
         )
-        metrics.update(self._throughput(metrics, timer.seconds(), time.perf_counter() - started))
+        counts = {
+            name: metrics.pop(f"trainer/{name}") for name in ("sequence_tokens", "computed_tokens", "flops")
+        }
+        seconds = time.perf_counter() - started
+        metrics.update(step_throughput(counts, timer.seconds(), seconds, peak_flops(self.device)))
         return metrics
-
-    def _throughput(
-        self, metrics: dict[str, float], phases: dict[str, float], seconds: float
-    ) -> dict[str, float]:
-        """``trainer/*``: the step's time, its phases, tokens/s and MFU (``forge.engines.titan.throughput``)."""
-        sequence_tokens = metrics.pop("trainer/sequence_tokens")
-        computed = metrics.pop("trainer/computed_tokens")
-        flops = metrics.pop("trainer/flops")
-        out = {f"trainer/{name}_s": value for name, value in phases.items()}
-        out["trainer/step_s"] = seconds
-        out["trainer/tokens_per_s"] = sequence_tokens / seconds
-        out["trainer/padding_frac"] = 1 - sequence_tokens / computed if computed else 0.0
-        peak = peak_flops(self.device)
-        if peak is not None:
-            out["trainer/mfu"] = flops / (seconds * peak * dist.get_world_size())
-        return out
 
     def _with_step_counts(self, batch: PolicyBatch) -> PolicyBatch:
         """``batch`` with the loss-token and sequence counts of the step, over the dp ranks."""

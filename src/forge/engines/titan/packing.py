@@ -14,11 +14,14 @@ the padded layout the losses read, so a loss is computed per sequence exactly as
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from torchtitan.models.attention import VarlenMetadata
+
+from forge.rl.batch import PolicyBatch
 
 
 def plan_microbatches(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -84,3 +87,48 @@ def pack(tokens: Tensor, target_ids: Tensor, lengths: Tensor) -> PackedRow:
         padded_index=keep.flatten().nonzero().squeeze(1),
         width=width,
     )
+
+
+@dataclass(frozen=True)
+class Microbatch:
+    rows: Tensor
+    """Which rows of the step's batch."""
+    batch: PolicyBatch
+    """Those rows, on the device, at the batch's full width (a loss may read the width:
+    fixed_horizon's default horizon)."""
+    packed: PackedRow | None
+    """Their tokens packed, or None for padded rows."""
+
+
+class MicrobatchPlan:
+    """How one rank's batch is cut into micro-batches: packed by a token budget (``token_budget``,
+    or ``rows_per_microbatch`` times the longest sequence, or all of them), or padded rows of
+    ``rows_per_microbatch`` (all rows when None)."""
+
+    def __init__(
+        self, batch: PolicyBatch, packing: bool, rows_per_microbatch: int | None, token_budget: int | None
+    ) -> None:
+        batch.check()
+        self.batch = batch
+        self.lengths = batch.sequence_lengths()
+        self.packing = packing and bool(self.lengths.any())
+        if self.packing:
+            longest = int(self.lengths.max())
+            budget = token_budget or (rows_per_microbatch or batch.num_rows) * longest
+            self.rows = [torch.tensor(rows) for rows in plan_microbatches(self.lengths.tolist(), budget)]
+        else:
+            self.rows = batch.row_groups(rows_per_microbatch)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def on(self, device: torch.device) -> Iterator[Microbatch]:
+        """The micro-batches, each moved to ``device`` as it is reached."""
+        for rows in self.rows:
+            microbatch = self.batch.select(rows).to(device)
+            packed = (
+                pack(microbatch.tokens, microbatch.scored_target_ids(), self.lengths[rows])
+                if self.packing
+                else None
+            )
+            yield Microbatch(rows, microbatch, packed)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 import torch
+import torch.distributed
 from torch import nn
 
 # Dense bf16 tensor-core peak per GPU (datasheet, without sparsity), matched against the device name.
@@ -76,3 +77,19 @@ class PhaseTimer:
                 name: sum(s.elapsed_time(e) for s, e in spans) / 1e3 for name, spans in self._spans.items()
             }
         return {name: sum(spans) for name, spans in self._spans.items()}
+
+
+def step_throughput(
+    counts: dict[str, float], phases: dict[str, float], seconds: float, peak: float | None
+) -> dict[str, float]:
+    """A step's ``trainer/*`` metrics from its ``counts`` over every rank (``sequence_tokens``,
+    ``computed_tokens``, ``flops``), its phase times and its wall time; MFU where ``peak`` (one
+    GPU's) is known, over every GPU of the process group."""
+    out = {f"trainer/{name}_s": value for name, value in phases.items()}
+    out["trainer/step_s"] = seconds
+    out["trainer/tokens_per_s"] = counts["sequence_tokens"] / seconds
+    computed = counts["computed_tokens"]
+    out["trainer/padding_frac"] = 1 - counts["sequence_tokens"] / computed if computed else 0.0
+    if peak is not None:
+        out["trainer/mfu"] = counts["flops"] / (seconds * peak * torch.distributed.get_world_size())
+    return out

@@ -54,7 +54,7 @@ def test_unknown_reward_function(write_grpo_config, capsys):
     err = run_expecting_exit(
         capsys, ["--config", str(write_grpo_config()), "reward.functions=[{name: exact_matc}]"]
     )
-    assert "unknown reward function 'exact_matc'" in err
+    assert "unknown reward function 'exact_matc'. Did you mean 'exact_match'?" in err
 
 
 def test_temperature_mismatch(write_grpo_config, capsys):
@@ -66,7 +66,18 @@ def test_temperature_mismatch(write_grpo_config, capsys):
 
 def test_unknown_eval_reward_function(write_grpo_config, capsys):
     err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), "eval.reward_fn=exact_mach"])
-    assert "eval.reward_fn" in err and "unknown reward function 'exact_mach'" in err
+    assert (
+        "eval.reward_fn" in err and "unknown reward function 'exact_mach'. Did you mean 'exact_match'?" in err
+    )
+
+
+def test_policy_path_at_a_run_directory_names_its_export(write_grpo_config, tmp_path, capsys, tiny_policy):
+    run_dir = tmp_path / "earlier_run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "export").symlink_to(tiny_policy, target_is_directory=True)
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), f"policy_path={run_dir}"])
+    assert f"policy_path: '{run_dir}' has no config.json" in err
+    assert f"it looks like a run's directory, whose exported model is policy_path={run_dir}/export" in err
 
 
 def test_bad_vllm_settings(write_grpo_config, capsys):

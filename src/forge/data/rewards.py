@@ -22,6 +22,7 @@ expressions written differently (tests/data/test_math_verify.py lists where the 
 import importlib
 import re
 from collections.abc import Callable
+from difflib import get_close_matches
 from fractions import Fraction
 from typing import Annotated
 
@@ -179,8 +180,11 @@ def get_reward_fn(name: str) -> RewardFn:
         return REWARD_FUNCTIONS[name]
     except KeyError:
         known = sorted([*REWARD_FUNCTIONS, *IMPORTED_REWARD_FUNCTIONS])
+        close = get_close_matches(name, known, n=1)
+        guess = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(
-            f"unknown reward function {name!r}; known: {known}, or give your own as 'package.module:function'"
+            f"unknown reward function {name!r}.{guess} Known: {known}, or give your own as "
+            "'package.module:function'"
         ) from None
 
 

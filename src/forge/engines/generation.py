@@ -245,6 +245,13 @@ def check_model_dir(path: str, key: str) -> None:
             "directory (config.json, *.safetensors, tokenizer files)"
         )
     if not os.path.isfile(os.path.join(path, "config.json")):
+        # A run's directory holds its exported model in export/ (what a user most often means).
+        export = os.path.join(path, "export")
+        hint = (
+            f": it looks like a run's directory, whose exported model is {key}={export}"
+            if os.path.isfile(os.path.join(export, "config.json"))
+            else ""
+        )
         raise FileNotFoundError(
-            f"{key}: '{path}' has no config.json, so it is not a Hugging Face model directory"
+            f"{key}: '{path}' has no config.json, so it is not a Hugging Face model directory{hint}"
         )

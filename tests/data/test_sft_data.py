@@ -159,12 +159,12 @@ def test_bad_conversations_name_the_file_the_row_and_the_problem(tmp_path):
     good = {"messages": CONVERSATION[1:3]}
     unknown_role = {"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]}
     path = write_rows(tmp_path / "roles.jsonl", [good, unknown_role])
-    with pytest.raises(ValueError, match=r"row 1: message 1 has unknown role 'bot'") as error:
+    with pytest.raises(ValueError, match=r"row 2: message 1 has unknown role 'bot'") as error:
         build_sft_data(SFTDataConfig(path=path), tokenizer)
     assert path in str(error.value)
 
     path = write_rows(tmp_path / "no_assistant.jsonl", [good, {"messages": CONVERSATION[:2]}])
-    with pytest.raises(ValueError, match=r"row 1: conversation has no assistant message") as error:
+    with pytest.raises(ValueError, match=r"row 2: conversation has no assistant message") as error:
         build_sft_data(SFTDataConfig(path=path), tokenizer)
     assert path in str(error.value)
 
@@ -238,5 +238,5 @@ def test_a_template_whose_turn_end_depends_on_the_position_is_rejected(tmp_path)
         "{{ message['content'] }}", "{{ message['content'] }}{% if loop.last %}!{% endif %}"
     )
     path = write_rows(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}])
-    with pytest.raises(ValueError, match=r"row 0: cannot locate assistant message 2 .* end-of-turn marker"):
+    with pytest.raises(ValueError, match=r"row 1: cannot locate assistant message 2 .* end-of-turn marker"):
         build_sft_data(SFTDataConfig(path=path), char_tokenizer(template))

@@ -1,5 +1,6 @@
 """Bad input to the GRPO app fails at start-up with a message naming what to fix."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -98,6 +99,16 @@ def test_prompts_too_long_for_the_trainer(write_grpo_config, capsys):
         capsys, ["--config", str(write_grpo_config()), "trainer.engine.training.seq_len=8"]
     )
     assert "training prompts are longer than 5 tokens" in err and "trainer.engine.training.seq_len 8" in err
+
+
+def test_a_too_long_prompt_is_named_by_its_row(write_grpo_config, tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    prompts = ["1+1=", "2+2=", "3+3=" * 40, "4+4="]
+    rows.write_text("".join(json.dumps({"prompt": p, "target": "0"}) + "\n" for p in prompts))
+    err = refused_before_start(
+        capsys, write_grpo_config(), "dataset.source=file", f"dataset.path={rows}", "eval.every=0"
+    )
+    assert "1 of 4 training prompts are longer than" in err and "rows 3; the longest, row 3, has 161" in err
 
 
 def test_eval_every_with_an_empty_eval_set(write_grpo_config, capsys):
@@ -239,7 +250,7 @@ def test_a_row_without_a_prompt_or_target_names_file_row_and_column(
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "1+1=", "target": "2"}\n' + second_row + "\n")
     err = refused_before_start(capsys, write_grpo_config(), "dataset.source=file", f"dataset.path={rows}")
-    assert f"{rows}: row 1, column '{column}': {says}" in err
+    assert f"{rows}: row 2, column '{column}': {says}" in err
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ def test_a_prompt_of_the_wrong_type_is_refused_naming_row_and_column(write_grpo_
     err = refused(
         capsys, ["--config", str(write_grpo_config()), "dataset.source=file", f"dataset.path={rows}"]
     )
-    assert f"{rows}: row 1, column 'prompt': message 0 has role 'bot'" in err
+    assert f"{rows}: row 2, column 'prompt': message 0 has role 'bot'" in err
     # The run's processes never started: nothing was written to its output directory.
     assert not (tmp_path / "run").exists()
 

@@ -70,7 +70,8 @@ def read_prompt_target_rows(
         )
         raise ValueError(f"{path}: missing column(s) {missing}{also}; it has {columns} (set {keys_hint})")
     rows = []
-    for index, r in enumerate(dataset):
+    # Rows count from 1, as lines of a JSONL file and a JSON parser's messages do.
+    for index, r in enumerate(dataset, start=1):
         check_prompt(r[prompt_column], f"{path}: row {index}, column '{prompt_column}'")
         if r[target_column] is None:  # str() would make it the target "None"
             raise ValueError(

@@ -129,7 +129,8 @@ def _tokenize(
                     tokenizer, row[config.prompt_column], row[config.completion_column]
                 )
         except SFTExampleError as error:
-            raise ValueError(f"{source}, row {index}: {error}") from error
+            # Rows count from 1, as lines of a JSONL file and a JSON parser's messages do.
+            raise ValueError(f"{source}, row {index + 1}: {error}") from error
         return _fit_to_length(example, config.max_seq_len, config.overflow)
 
     # Never reuse a cached result: the cache key covers this closure but not the code of the

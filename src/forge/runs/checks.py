@@ -127,14 +127,17 @@ def check_prompt_lengths(
     limit = seq_len - max_tokens + 1
     renderer = PromptRenderer(tokenizer, chat_template)
     rendered = [renderer.render(r["prompt"]) for r in rows]
-    too_long = [(len(p.ids), p.text) for p in rendered if len(p.ids) > limit]
+    # Rows count from 1, in the dataset's order (a file's lines).
+    too_long = [(len(p.ids), row, p.text) for row, p in enumerate(rendered, start=1) if len(p.ids) > limit]
     if too_long:
-        longest, prompt = max(too_long)
+        longest, row, prompt = max(too_long, key=lambda item: (item[0], -item[1]))
+        listed = ", ".join(str(r) for _, r, _ in too_long[:10]) + (", ..." if len(too_long) > 10 else "")
         raise ValueError(
             f"{len(too_long)} of {len(rows)} training prompts are longer than {limit} tokens "
-            f"(trainer.engine.training.seq_len {seq_len} - generator.sampling.max_tokens {max_tokens} + 1); "
-            f"the longest has {longest}: {prompt[:80]!r}. Raise trainer.engine.training.seq_len, lower "
-            "generator.sampling.max_tokens, or remove those prompts from the dataset"
+            f"(trainer.engine.training.seq_len {seq_len} - generator.sampling.max_tokens {max_tokens} + 1), "
+            f"rows {listed}; the longest, row {row}, has {longest}: {prompt[:80]!r}. Raise "
+            "trainer.engine.training.seq_len, lower generator.sampling.max_tokens, or remove those prompts "
+            "from the dataset"
         )
 
 

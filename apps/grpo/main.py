@@ -42,7 +42,7 @@ from forge.recipes.grpo_replay import replay_training
 from forge.rollout import Rollouts
 from forge.runs import RunStopped
 from forge.runs.checkpoint import Progress, RunCheckpointer
-from forge.runs.checks import check_run_inputs
+from forge.runs.checks import check_no_earlier_metrics, check_run_inputs
 from forge.runs.grpo_loops import GRPOActors, GRPOLoops
 from forge.weight_sync import resolve_transport
 
@@ -255,6 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
             raise FileNotFoundError(f"rollout.replay_from: no rollout records at {cfg.rollout.replay_from}")
         check_run_inputs(cfg)
         checkpointer(cfg).check_start(cfg.resume)
+        if not cfg.resume:
+            check_no_earlier_metrics(cfg.metrics.jsonl_path, "metrics.jsonl_path")
     except (FileNotFoundError, ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -41,6 +41,7 @@ from forge.recipes.sft import (
     rank_values,
     split_for_ranks,
 )
+from forge.runs.checks import check_no_earlier_metrics
 from forge.runs.storage import check_writable_dir
 
 
@@ -82,6 +83,8 @@ def check_fresh_start(cfg: SFTConfig) -> None:
             f"{checkpoint_folder(cfg)} already holds checkpoints ({', '.join(p.name for p in existing)}): "
             "pass resume=true to continue that run, or choose another run_dir"
         )
+    if not cfg.resume:
+        check_no_earlier_metrics(Path(cfg.run_dir) / "metrics.jsonl", "run_dir")
 
 
 async def restore(trainer, loader: SFTDataLoader) -> int:

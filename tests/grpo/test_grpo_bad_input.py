@@ -111,6 +111,16 @@ def test_a_too_long_prompt_is_named_by_its_row(write_grpo_config, tmp_path, caps
     assert "1 of 4 training prompts are longer than" in err and "rows 3; the longest, row 3, has 161" in err
 
 
+def test_a_fresh_run_does_not_append_to_an_earlier_runs_metrics(write_grpo_config, capsys):
+    config = write_grpo_config()
+    metrics = config.parent / "run" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    metrics.write_text('{"step": 0, "eval/accuracy": 0.1}\n')
+    err = refused_before_start(capsys, config)
+    assert f"{metrics} (metrics.jsonl_path) already holds the metrics of an earlier run" in err
+    assert metrics.read_text() == '{"step": 0, "eval/accuracy": 0.1}\n'
+
+
 def test_eval_every_with_an_empty_eval_set(write_grpo_config, capsys):
     err = run_expecting_exit(
         capsys, ["--config", str(write_grpo_config()), "dataset.toy_task.num_eval=0", "eval.every=2"]

@@ -147,3 +147,13 @@ def check_eval_set(eval_rows: list[Row], every: int) -> None:
             f"eval.every is {every} but the eval set is empty: set eval.every=0, or give eval prompts "
             "(dataset.eval_path, or dataset.toy_task.num_eval for the toy task)"
         )
+
+
+def check_no_earlier_metrics(path: str | Path | None, key: str) -> None:
+    """A run that starts afresh must not append its step 0 to the metrics of an earlier run in
+    the same place (one that saved no checkpoint: with one, the checkpoint check refuses first)."""
+    if path is not None and Path(path).is_file() and Path(path).stat().st_size > 0:
+        raise ValueError(
+            f"{path} ({key}) already holds the metrics of an earlier run, which saved no checkpoint "
+            "to resume from: choose another output directory, or remove that file to start over"
+        )

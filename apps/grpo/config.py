@@ -94,7 +94,10 @@ class GRPOConfig(ForgeConfigModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
-        if "rollouts_path" not in self.metrics.model_fields_set:  # `null` switches records off
+        # `null` switches either file off.
+        if "jsonl_path" not in self.metrics.model_fields_set:
+            self.metrics.jsonl_path = f"{self.output_dir}/metrics.jsonl"
+        if "rollouts_path" not in self.metrics.model_fields_set:
             self.metrics.rollouts_path = f"{self.output_dir}/rollouts.jsonl"
         if self.rollout.replay_from is not None and not self.trainer.enabled:
             raise ValueError("rollout.replay_from trains on recorded rollouts: it needs trainer.enabled=true")

@@ -33,7 +33,9 @@ _LOGGER_NAME = "forge_metric_logger"
 
 
 class MetricsConfig(ForgeConfigModel):
-    console: bool = True
+    # Every metric of every step on the console, prefixed by the logging actor: the apps' own
+    # progress line is the one-line summary, so this is for debugging.
+    console: bool = False
     # Keys the console line shows (all when empty); files always get every key.
     console_keys: list[str] = []
     jsonl_path: str | None = None

@@ -238,12 +238,12 @@ async def _train(cfg: GRPOConfig) -> dict:
             recorder.close()
 
 
-def stopped(cfg: GRPOConfig, reason: str) -> NoReturn:
-    """Exit 1 for a run that stopped on a failure, saying where it can be resumed from."""
+def stopped(cfg: GRPOConfig, reason: str, code: int = 1) -> NoReturn:
+    """Exit for a run that stopped before its end, saying where it can be resumed from."""
     latest = checkpointer(cfg).latest()
     where = f"newest checkpoint: {latest} (continue with resume=true)" if latest else "no checkpoint yet"
-    print(f"error: {reason}\n{where}", file=sys.stderr)
-    raise SystemExit(1)
+    print(f"{reason}\n{where}", file=sys.stderr)
+    raise SystemExit(code)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -264,12 +264,11 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         history = asyncio.run(run(cfg))
     except KeyboardInterrupt:
-        print("interrupted: actors stopped", file=sys.stderr)
-        raise SystemExit(130) from None
+        stopped(cfg, "interrupted: actors stopped", code=130)
     except RunStopped as e:
-        stopped(cfg, str(e))
+        stopped(cfg, f"error: {e}")
     except supervision.FAILURES as e:
-        stopped(cfg, supervision.explain(e))
+        stopped(cfg, f"error: {supervision.explain(e)}")
     summary = f"done in {time.perf_counter() - started:.0f} s"
     if history["eval_accuracy"]:
         (first_step, first), (last_step, last) = history["eval_accuracy"][0], history["eval_accuracy"][-1]

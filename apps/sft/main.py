@@ -29,6 +29,7 @@ from forge.data.prompts import read_prompt_target_rows
 from forge.data.rewards import get_reward_fn
 from forge.data.sft import build_sft_loader
 from forge.data.sft_loader import SFTDataLoader
+from forge.engines.titan.checkpoint import Checkpointer
 from forge.engines.titan.checkpoint_model import check_model_section
 from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.observability.backends import drop_metrics_after
@@ -211,7 +212,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     try:
         final = asyncio.run(train(cfg, prepared, loader, generation_rows))
     except KeyboardInterrupt:
-        print("interrupted: actors stopped", file=sys.stderr)
+        checkpoints = Checkpointer(checkpoint_folder(cfg), keep_latest_k=0)
+        latest = checkpoints.latest_step()
+        where = (
+            f"newest checkpoint: {checkpoints.step_dir(latest)} (continue with resume=true)"
+            if latest is not None
+            else "no checkpoint yet"
+        )
+        print(f"interrupted: actors stopped\n{where}", file=sys.stderr)
         raise SystemExit(130) from None
     print(f"done in {time.perf_counter() - started:.0f} s", flush=True)
     return final

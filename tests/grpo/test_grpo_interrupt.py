@@ -1,4 +1,5 @@
-"""Ctrl-C stops a GRPO run cleanly: exit code 130, every actor process gone, no hang."""
+"""Ctrl-C stops a GRPO run cleanly: exit code 130, every actor process gone, no hang, no
+traceback, and a word on where to resume."""
 
 import os
 import signal
@@ -12,7 +13,8 @@ import psutil
 def test_ctrl_c_stops_the_run_and_every_actor(write_grpo_config, tmp_path):
     config = write_grpo_config()
     # SIGINT must be at its default in the child, as in a terminal (a background job of a
-    # non-interactive shell would inherit it ignored).
+    # non-interactive shell would inherit it ignored), and the app leads a process group, as a
+    # terminal's foreground job does.
     app = subprocess.Popen(
         [sys.executable, "-m", "apps.grpo.main", "--config", str(config), "max_steps=100000"],
         stdout=subprocess.PIPE,
@@ -20,6 +22,7 @@ def test_ctrl_c_stops_the_run_and_every_actor(write_grpo_config, tmp_path):
         text=True,
         cwd=os.getcwd(),
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        process_group=0,
     )
     try:
         deadline = time.time() + 120
@@ -33,11 +36,12 @@ def test_ctrl_c_stops_the_run_and_every_actor(write_grpo_config, tmp_path):
             raise AssertionError("the run ended before step 1:\n" + "".join(seen[-30:]))
         actors = psutil.Process(app.pid).children(recursive=True)
         assert len(actors) >= 7  # every actor, the store and the logger run in processes of their own
-        app.send_signal(signal.SIGINT)
+        os.killpg(app.pid, signal.SIGINT)  # Ctrl-C: every process of the group
         output = app.communicate(timeout=60)[0]
     finally:
         app.kill()
     assert app.returncode == 130, output[-2000:]
-    assert "interrupted: actors stopped" in output
+    assert "interrupted: actors stopped\nno checkpoint yet" in output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
     _, alive = psutil.wait_procs(actors, timeout=15)
     assert alive == []

@@ -187,6 +187,9 @@ def run_batch(
 
 
 def serve(receive: Connection, send: Connection) -> None:
+    # Ctrl-C in a terminal reaches every process of the group; this one's parent stops it (and
+    # a KeyboardInterrupt here would only print a traceback over the app's own message).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     names, timeout_s = receive.recv()
     try:
         functions = [get_reward_fn(name) for name in names]

@@ -54,7 +54,7 @@ def read_prompt_target_rows(
     from ``messages_column`` when the file has no ``prompt_column``. A missing column is an error
     that names the file, the columns it has, and the config keys (``keys_hint``) that choose them;
     a prompt that is neither a string nor chat messages, or a row without a target, names the
-    file, the row (counted from 0) and the column."""
+    file, the row (counted from 1) and the column."""
     from forge.data.sft_loading import load_split
 
     dataset = load_split(path, "train")

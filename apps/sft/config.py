@@ -34,7 +34,9 @@ class GenerationEvalConfig(ForgeConfigModel):
 class SFTConfig(ForgeConfigModel):
     run_dir: str = Field(description="checkpoints, metrics.jsonl, config.yaml and written data go here")
     tokenizer_path: str | None = Field(
-        None, description="a local tokenizer dir or hub id; with data.embedded_task the embedded one is used"
+        None,
+        description="a local tokenizer dir or hub id; unset: the checkpoint's (trainer.engine.model.hf_path); "
+        "with data.embedded_task the embedded one is used",
     )
     max_steps: int = Field(ge=1)
     log_every: int = Field(10, ge=1, description="a plain progress line every N steps (off a terminal)")

@@ -76,6 +76,16 @@ def checkpoint_folder(cfg: SFTConfig) -> Path:
     return Path(cfg.trainer.engine.checkpoint.folder or Path(cfg.run_dir) / "checkpoints")
 
 
+def tokenizer_source(cfg: SFTConfig) -> tuple[str, str] | None:
+    """(where the tokenizer is, the key that said so): ``tokenizer_path``, else the checkpoint's
+    directory, which holds its tokenizer."""
+    if cfg.tokenizer_path is not None:
+        return cfg.tokenizer_path, "tokenizer_path"
+    if cfg.trainer.engine.model.hf_path is not None:
+        return cfg.trainer.engine.model.hf_path, "trainer.engine.model.hf_path"
+    return None
+
+
 def check_fresh_start(cfg: SFTConfig) -> None:
     """A run that does not resume must not overwrite another run's checkpoints."""
     existing = sorted(checkpoint_folder(cfg).glob("step-*"))
@@ -186,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     try:
         check_fresh_start(cfg)
         check_writable_dir(cfg.run_dir, "run_dir")
-        prepared = prepare_data(cfg.data, cfg.tokenizer_path, Path(cfg.run_dir))
+        prepared = prepare_data(cfg.data, tokenizer_source(cfg), Path(cfg.run_dir))
         loader = build_sft_loader(prepared.config, prepared.data)
         if engine.model.hf_path is None:  # a checkpoint brings its own vocabulary rows
             engine.model.vocab_size = engine.model.vocab_size or len(prepared.tokenizer)

@@ -243,3 +243,36 @@ def test_sft_from_a_checkpoint_keeps_its_model(tmp_path):
         (source / "config.json").read_text()
     )
     assert load_config(SFTConfig, run_dir / "config.yaml").trainer.engine.model.vocab_size is None
+
+
+def test_sft_on_your_file_takes_the_tokenizer_of_your_checkpoint(tmp_path):
+    """No tokenizer_path: a checkpoint directory holds its tokenizer, and SFT on a data file
+    takes it from trainer.engine.model.hf_path."""
+    source = make_checkpoint(tmp_path, "qwen3_untied")
+    data = tmp_path / "train.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{a}+1=", "completion": str(a + 1)}) + "\n" for a in range(32))
+    )
+    run_dir = tmp_path / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(
+            [
+                "--config",
+                str(TINY_CPU),
+                f"run_dir={run_dir}",
+                "trainer.threads=1",
+                "max_steps=2",
+                "data.batch_size=8",
+                "~data.embedded_task",
+                f"data.path={data}",
+                "data.format=prompt_completion",
+                f"trainer.engine.model.hf_path={source}",
+                "~trainer.engine.model.name",
+                "~trainer.engine.model.flavor",
+                "~generation_eval",
+                "~export_dir",
+            ]
+        )
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(by_step(rows, "train/loss")) == [1, 2]
+    assert (run_dir / "tokenizer" / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()

@@ -60,8 +60,11 @@ class PreparedData:
     data: SFTData
 
 
-def prepare_data(cfg: SFTRecipeDataConfig, tokenizer_path: str | None, run_dir: Path) -> PreparedData:
-    """Write the embedded task's files if asked, load the tokenizer, tokenize both splits.
+def prepare_data(
+    cfg: SFTRecipeDataConfig, tokenizer_source: tuple[str, str] | None, run_dir: Path
+) -> PreparedData:
+    """Write the embedded task's files if asked, load the tokenizer (from ``tokenizer_source``:
+    a local dir or hub id, and the config key that named it), tokenize both splits.
 
     Raises ``ValueError`` / ``OSError`` naming the file, key or column at fault.
     """
@@ -72,7 +75,7 @@ def prepare_data(cfg: SFTRecipeDataConfig, tokenizer_path: str | None, run_dir: 
         eval_path = str(write_jsonl(eval_rows, run_dir / "data" / "eval.jsonl"))
         tokenizer = embedded_tokenizer()
     else:
-        tokenizer = load_tokenizer(tokenizer_path)
+        tokenizer = load_tokenizer(tokenizer_source)
     # A hub tokenizer has no local files to copy into an export; a saved copy always does.
     tokenizer_dir = run_dir / "tokenizer"
     tokenizer.save_pretrained(tokenizer_dir)
@@ -88,13 +91,17 @@ def prepare_data(cfg: SFTRecipeDataConfig, tokenizer_path: str | None, run_dir: 
     return PreparedData(config, tokenizer, tokenizer_dir, data)
 
 
-def load_tokenizer(tokenizer_path: str | None) -> PreTrainedTokenizerBase:
-    if tokenizer_path is None:
-        raise ValueError("tokenizer_path is required with data.path (a local tokenizer dir or a hub id)")
+def load_tokenizer(source: tuple[str, str] | None) -> PreTrainedTokenizerBase:
+    if source is None:
+        raise ValueError(
+            "data.path needs a tokenizer: set tokenizer_path (a local tokenizer dir or a hub id), or "
+            "trainer.engine.model.hf_path to a checkpoint that holds one"
+        )
+    path, key = source
     try:
-        return AutoTokenizer.from_pretrained(tokenizer_path)
+        return AutoTokenizer.from_pretrained(path)
     except OSError as error:
-        raise OSError(f"tokenizer_path '{tokenizer_path}': cannot load a tokenizer: {error}") from None
+        raise OSError(f"{key} '{path}': cannot load a tokenizer: {error}") from None
 
 
 def split_for_ranks(batch: dict[str, torch.Tensor], ranks: int) -> list[PolicyBatch]:

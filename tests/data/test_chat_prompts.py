@@ -101,7 +101,7 @@ def test_a_prompt_of_the_wrong_type_names_the_file_row_and_column(tmp_path, colu
     path = write_jsonl(tmp_path / "bad.jsonl", [{**r, "target": "3"} for r in rows])
     with pytest.raises(ValueError) as error:
         load(path)
-    assert f"{path}: row {bad_row}, column '{column}'" in str(error.value)
+    assert f"{path}: row {bad_row + 1}, column '{column}'" in str(error.value)  # rows count from 1
     assert says in str(error.value)
 
 

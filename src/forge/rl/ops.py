@@ -53,13 +53,15 @@ def broadcast_advantages(advantages: Tensor, shape: torch.Size) -> Tensor:
     )
 
 
-def _float_dtype(dtype: torch.dtype) -> torch.dtype:
+def float_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype for logits: float32, or float64 when the logits already are."""
     return torch.promote_types(dtype, torch.float32)
 
 
-def _row_chunks(rows: int, vocab: int) -> Iterator[slice]:
-    step = max(1, _CHUNK_ELEMENTS // vocab)
+def row_chunks(rows: int, vocab: int, elements: int | None = None) -> Iterator[slice]:
+    """Slices of ``rows`` rows of ``vocab`` values each, at most ``elements`` values a slice
+    (default ``_CHUNK_ELEMENTS``, read at each call), at least one row."""
+    step = max(1, (elements or _CHUNK_ELEMENTS) // vocab)
     for start in range(0, rows, step):
         yield slice(start, min(start + step, rows))
 
@@ -77,10 +79,10 @@ class _ChunkedLogProbs(torch.autograd.Function):
         vocab = logits.shape[-1]
         flat_logits = logits.reshape(-1, vocab)
         flat_targets = target_ids.reshape(-1, 1)
-        dtype = _float_dtype(logits.dtype)
+        dtype = float_dtype(logits.dtype)
         log_normaliser = torch.empty(flat_logits.shape[0], dtype=dtype, device=logits.device)
         logprobs = torch.empty_like(log_normaliser)
-        for rows in _row_chunks(flat_logits.shape[0], vocab):
+        for rows in row_chunks(flat_logits.shape[0], vocab):
             scaled = flat_logits[rows].to(dtype) / temperature
             log_normaliser[rows] = scaled.logsumexp(-1)
             logprobs[rows] = scaled.gather(-1, flat_targets[rows]).squeeze(-1) - log_normaliser[rows]
@@ -97,7 +99,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         flat_targets = target_ids.reshape(-1, 1)
         flat_grad = grad_logprobs.reshape(-1, 1).to(log_normaliser.dtype)
         grad_logits = torch.empty_like(flat_logits)
-        for rows in _row_chunks(flat_logits.shape[0], vocab):
+        for rows in row_chunks(flat_logits.shape[0], vocab):
             scaled = flat_logits[rows].to(log_normaliser.dtype) / ctx.temperature
             # d logp[target] / d logits = (onehot(target) - softmax(logits / T)) / T
             grad = (scaled - log_normaliser[rows, None]).exp_().mul_(-flat_grad[rows])
@@ -122,7 +124,7 @@ def compute_logprobs(logits: Tensor, target_ids: Tensor, temperature: float = 1.
     if torch.compiler.is_compiling():
         # A one-hot select rather than gather: gather's backward is a scatter into a float32
         # [B, T, V] buffer, while this backward is pointwise and fuses with the softmax term.
-        scaled = logits.to(_float_dtype(logits.dtype)) / temperature
+        scaled = logits.to(float_dtype(logits.dtype)) / temperature
         is_target = torch.arange(logits.shape[-1], device=logits.device) == target_ids.unsqueeze(-1)
         return torch.where(is_target, scaled, 0.0).sum(-1) - scaled.logsumexp(-1)
     return _ChunkedLogProbs.apply(logits, target_ids, temperature)
@@ -140,12 +142,12 @@ def compute_entropy(logits: Tensor, loss_mask: Tensor, temperature: float = 1.0)
     of rows at a time, which bounds memory only when autograd is not recording.
     """
     check_logits("compute_entropy", logits, loss_mask, "loss_mask")
-    dtype = _float_dtype(logits.dtype)
+    dtype = float_dtype(logits.dtype)
     if torch.compiler.is_compiling():
         entropy = _entropy(logits.to(dtype) / temperature)
     else:
         flat_logits = logits.reshape(-1, logits.shape[-1])
-        chunks = _row_chunks(flat_logits.shape[0], logits.shape[-1])
+        chunks = row_chunks(flat_logits.shape[0], logits.shape[-1])
         entropy = torch.cat([_entropy(flat_logits[rows].to(dtype) / temperature) for rows in chunks])
         entropy = entropy.view(loss_mask.shape)
     return entropy, aggregate(entropy, loss_mask, "token_mean")

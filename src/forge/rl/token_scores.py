@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from forge.rl.ops import check_logits, compute_entropy, compute_logprobs
+from forge.rl.ops import check_logits, compute_entropy, compute_logprobs, float_dtype, row_chunks
 
 # Float32 logit elements per chunk: 1 GiB on a GPU (a 152k vocabulary gives 1,766 rows, large
 # enough for the head's matmul to run at full rate), 128 MiB elsewhere.
@@ -66,20 +66,18 @@ def head_scores(
     """
     if hidden.shape[:-1] != target_ids.shape:
         raise ValueError(
-            f"scores_from_hidden: hidden must be [B, T, D] and target_ids [B, T], "
+            f"head_scores: hidden must be [B, T, D] and target_ids [B, T], "
             f"got {tuple(hidden.shape)} and {tuple(target_ids.shape)}"
         )
     if temperature <= 0:
-        raise ValueError(f"scores_from_hidden: temperature must be > 0, got {temperature}")
+        raise ValueError(f"head_scores: temperature must be > 0, got {temperature}")
     device_type = hidden.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
     return _FusedHeadScores.apply(hidden, weight, bias, target_ids.long(), temperature, dtype)
 
 
 def _row_chunks(rows: int, vocab: int, device: torch.device):
-    step = max(1, _CHUNK_ELEMENTS.get(device.type, _DEFAULT_CHUNK_ELEMENTS) // vocab)
-    for start in range(0, rows, step):
-        yield slice(start, min(start + step, rows))
+    return row_chunks(rows, vocab, _CHUNK_ELEMENTS.get(device.type, _DEFAULT_CHUNK_ELEMENTS))
 
 
 class _FusedHeadScores(torch.autograd.Function):
@@ -94,9 +92,7 @@ class _FusedHeadScores(torch.autograd.Function):
         flat_targets = target_ids.reshape(-1)
         rows = flat_hidden.shape[0]
         out = torch.empty(rows, 3, dtype=torch.float32, device=hidden.device)
-        log_normaliser = torch.empty(
-            rows, dtype=torch.promote_types(dtype, torch.float32), device=hidden.device
-        )
+        log_normaliser = torch.empty(rows, dtype=float_dtype(dtype), device=hidden.device)
         chunk_scores = _kernel(_chunk_scores, hidden.device)
         for chunk in _row_chunks(rows, weight.shape[0], hidden.device):
             out[chunk], log_normaliser[chunk] = chunk_scores(
@@ -145,7 +141,7 @@ class _FusedHeadScores(torch.autograd.Function):
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
     logits = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
-    return logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    return logits.to(float_dtype(logits.dtype)) / temperature
 
 
 def _chunk_scores(hidden, weight, bias, targets, temperature) -> tuple[Tensor, Tensor]:

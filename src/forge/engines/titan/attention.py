@@ -4,9 +4,9 @@ A micro-batch reaches the model either as padded rows (each row one sequence) or
 row of sequences laid end to end, ``forge.engines.titan.packing``). Both are described the same
 way, by torchtitan's ``VarlenMetadata``: cumulative sequence starts over the flattened tokens.
 On a GPU the packed tokens go to flash attention's variable-length kernel (torch's
-``varlen_attn``), which skips the masked blocks; elsewhere (there is no varlen kernel on the CPU) scaled dot-product
-attention runs on each sequence of the row in turn (under ``torch.compile``, which cannot trace
-that loop, on the whole row with the block-diagonal causal mask).
+``varlen_attn``), which skips the masked blocks. The CPU has no such kernel: there scaled
+dot-product attention runs on each sequence of the row in turn (under ``torch.compile``, which
+cannot trace that loop, on the whole row with the block-diagonal causal mask).
 
 torchtitan's own varlen wrapper is not used: it compiles the kernel with max-autotune at its
 first call and does not pass ``enable_gqa``, which torch 2.13 requires for grouped-query heads.

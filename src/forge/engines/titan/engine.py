@@ -255,28 +255,27 @@ class TitanEngine:
         ``microbatch_tokens`` (or all rows at once) as a train step would, on every rank of a
         data-parallel group (each with its own rows, possibly none)."""
         batch = PolicyBatch(target_ids=target_ids, loss_mask=loss_mask, tokens=tokens)
-        scored = loss_mask != 0
-        if not self.scores_in_head:
+        fields = [field.name for field in dataclasses.fields(TokenScores)]
+        if self.scores_in_head:
+            scores = TokenScores(
+                torch.zeros(target_ids.shape),
+                torch.zeros(target_ids.shape),
+                torch.zeros(target_ids.shape, dtype=torch.bool),
+            )
+            plan, idle_passes = self._plan(batch, self.config.training.packing, None)
+            for microbatch in plan.on(self.device):
+                with self._compute_context():
+                    part = self._scores(microbatch.batch, microbatch.packed, temperature)
+                for name in fields:
+                    getattr(scores, name)[microbatch.rows] = getattr(part, name).cpu()
+            for _ in range(idle_passes):
+                self._idle_pass(backward=False)
+        else:
             with self._compute_context():
                 logits = self._logits(tokens.to(self.device))
             scores = scores_from_logits(logits, batch.scored_target_ids().to(self.device), temperature)
-            return TokenScores(*(torch.where(scored, t.cpu(), 0) for t in dataclasses.astuple(scores)))
-        scores = TokenScores(
-            torch.zeros(target_ids.shape),
-            torch.zeros(target_ids.shape),
-            torch.zeros(target_ids.shape, dtype=torch.bool),
-        )
-        plan, idle_passes = self._plan(batch, self.config.training.packing, None)
-        for microbatch in plan.on(self.device):
-            with self._compute_context():
-                part = self._scores(microbatch.batch, microbatch.packed, temperature)
-            rows = microbatch.rows
-            for field in dataclasses.fields(TokenScores):
-                values = torch.where(scored[rows], getattr(part, field.name).cpu(), 0)
-                getattr(scores, field.name)[rows] = values.to(getattr(scores, field.name).dtype)
-        for _ in range(idle_passes):
-            self._idle_pass(backward=False)
-        return scores
+        unscored = loss_mask == 0
+        return TokenScores(*(getattr(scores, name).cpu().masked_fill(unscored, 0) for name in fields))
 
     @property
     def dp_rank(self) -> int:
@@ -314,7 +313,6 @@ class TitanEngine:
             raise ValueError("train_step needs batch.tokens, the model's input")
         started = time.perf_counter()
         batch = self._with_step_counts(batch)
-        lengths = batch.sequence_lengths()
         lr = self.lr_schedulers.schedulers[0].get_last_lr()[0]
         # A forge loss is computed from token scores, which the output layer computes without
         # the logits; any other callable gets the logits of padded rows.
@@ -353,9 +351,9 @@ class TitanEngine:
         sums = {name: v.sum() for name, v in combined.items() if name not in maxima}
         sums["train/tokens"] = torch.tensor(batch.tokens.numel())
         sums["train/response_tokens"] = (batch.loss_mask != 0).sum()  # the generated ones trained
-        sums["trainer/sequence_tokens"] = lengths.sum()
+        sums["trainer/sequence_tokens"] = plan.lengths.sum()
         sums["trainer/computed_tokens"] = torch.tensor(computed_tokens)
-        sums["trainer/flops"] = torch.tensor(self.flops.of_sequences(lengths), dtype=torch.float64)
+        sums["trainer/flops"] = torch.tensor(self.flops.of_sequences(plan.lengths), dtype=torch.float64)
         # Reduced before deciding: every rank sees the same values, so all skip or none does.
         metrics = {
             **self._reduce_over_data_parallel(sums, dist.ReduceOp.SUM),

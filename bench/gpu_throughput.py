@@ -3,12 +3,18 @@ few steps on Qwen3-shaped models with random weights (no checkpoint can be downl
 machines), with GPU utilization and memory sampled by nvidia-smi. Prints one table row per run.
 
     PYTHONPATH=src:. python bench/gpu_throughput.py --out DIR [--sizes 0.6B 1.7B] [--steps 8]
-        [--engine hf|vllm] [--preset trl] [--variants age1-in_flight,age0-drain,...] [override ...]
+        [--engine hf|vllm] [--preset trl|long] [--variants age1-in_flight,age0-drain,...]
+        [--placements 1gpu,2gpu-colocated,...] [override ...]
 
 `--preset trl` is the work TRL's GRPOTrainer was measured on (bench/RESULTS.md): per optimizer
 step 64 prompts of exactly 64 tokens x 8 samples of exactly 256 new tokens (a random model
-practically never samples eos), 512 episodes trained, temperature 1.0. Without
-it, the smaller workload of the first GPU runs (16 x 8 x 128 on toy-task prompts).
+practically never samples eos), 512 episodes trained, temperature 1.0. `--preset long` is the
+same with 1,024 new tokens per sample and 128 episodes per step (the responses of reasoning
+runs). Without either, the smaller workload of the first GPU runs (16 x 8 x 128 on toy-task prompts).
+
+Each placement (PLACEMENTS) runs the app on the first N GPUs of the machine, spread as named
+(the planner, forge.controller.gpu_plan, prints where each actor went); with several, the table
+adds tokens/s per GPU and the scaling efficiency against the 1gpu run of the same size and variant.
 
 Each variant (VARIANTS) is one run of the app; the overrides after the options apply to all.
 The policy is torchtitan's flavor at its real vocabulary (151,936), exported to DIR with the
@@ -18,17 +24,20 @@ groups are kept anyway). By default every actor shares GPU 0 (`provisioner.coloc
 Columns, means over the steps after the second (the first two include warm-up):
 - s/step; tok/s: generated tokens trained per second, end to end (trained response tokens per
   step over the step time); in vain: the share of generated tokens evicted as stale;
+- train s: the trainer's own step (forward, backward, optimizer);
 - wait batch / sync wait: what the training loop waited for per step (a batch; its weight
   publish); load ms: vLLM's in-place load of a version; ready ms: from the trainer starting
   a publish to the generator sampling with it (one host: the CUDA IPC handle carries the time);
   these two are medians (the second version's load also checks the copy plan, once);
 - GPU util %: mean over the timed steps; GPU mem GiB: peak over the run, per GPU.
+- tok/s/GPU: tok/s over the GPUs the run used; efficiency: tok/s/GPU over the 1gpu run's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -59,6 +68,31 @@ VARIANTS = {
     # vLLM sleeps through each train step (its KV cache freed, weights in host memory).
     "age0-sleep": AGE0 + ["generator.update_mode=drain", "generator.vllm.sleep_during_train=true"],
 }
+
+
+# How a run spreads over the first N GPUs of the machine: (N, trainer ranks, generator replicas,
+# colocated). Each step's prompts are split over the replicas (`placement_overrides`).
+PLACEMENTS = {
+    "1gpu": (1, 1, 1, True),
+    "2gpu-colocated": (2, 2, 2, True),
+    "2gpu-disaggregated": (2, 1, 1, False),
+    "4gpu-colocated": (4, 4, 4, True),
+    "4gpu-disaggregated": (4, 2, 2, False),
+}
+
+
+def placement_overrides(name: str, step_prompts: int, variant: list[str]) -> tuple[int, list[str]]:
+    """The GPUs and overrides of placement `name`: every replica generates its share of each
+    step's prompts, in as many rollout threads as the variant gives one generator."""
+    gpus, procs, replicas, colocate = PLACEMENTS[name]
+    threads = next((int(o.split("=")[1]) for o in variant if o.startswith("rollout.threads=")), 2)
+    return gpus, [
+        f"provisioner.colocate={str(colocate).lower()}",
+        f"trainer.procs={procs}",
+        f"generator.replicas={replicas}",
+        f"rollout.prompts_per_step={step_prompts // replicas}",
+        f"rollout.threads={threads * replicas}",
+    ]
 
 
 def export_random_policy(size: str, out: Path) -> Path:
@@ -99,35 +133,40 @@ LARGER_MODELS = {
 }
 
 
+# Per preset: new tokens per sample, prompts per step (8 samples each).
+PRESETS = {"trl": (256, 64), "long": (1024, 16), None: (128, 16)}
+
+
 def workload(policy: Path, out: Path, preset: str | None, size: str) -> list[str]:
-    if preset == "trl":
+    new_tokens, prompts_per_step = PRESETS[preset]
+    if preset is not None:
         prompts = fixed_length_prompts(policy, out, 64)
         return [
             "dataset.source=file",
             f"dataset.path={prompts}",
             "dataset.chat_template=none",
-            "generator.sampling.max_tokens=256",
-            "generator.vllm.max_model_len=384",
+            f"generator.sampling.max_tokens={new_tokens}",
+            f"generator.vllm.max_model_len={64 + new_tokens + 64}",
             # vLLM checks at start-up that this share of the GPU is free (the trainer shares it);
             # its KV cache is the next line's size whatever the share.
             "generator.vllm.gpu_memory_utilization=0.3",
             "generator.vllm.kv_cache_memory_gib=32",
-            "trainer.engine.training.seq_len=320",
-            "trainer.loss.params.horizon=256",
-            "rollout.prompts_per_step=64",
+            f"trainer.engine.training.seq_len={64 + new_tokens}",
+            f"trainer.loss.params.horizon={new_tokens}",
+            f"rollout.prompts_per_step={prompts_per_step}",
             "rollout.group_size=8",
-            "replay_buffer.batch_size=512",
+            f"replay_buffer.batch_size={prompts_per_step * 8}",
             *LARGER_MODELS.get(size, []),
         ]
     return [
         "dataset.source=toy_task",
         "dataset.path=null",
-        "generator.sampling.max_tokens=128",
-        "trainer.engine.training.seq_len=256",
-        "trainer.loss.params.horizon=128",
-        "rollout.prompts_per_step=16",
+        f"generator.sampling.max_tokens={new_tokens}",
+        f"trainer.engine.training.seq_len={2 * new_tokens}",
+        f"trainer.loss.params.horizon={new_tokens}",
+        f"rollout.prompts_per_step={prompts_per_step}",
         "rollout.group_size=8",
-        "replay_buffer.batch_size=128",
+        f"replay_buffer.batch_size={prompts_per_step * 8}",
     ]
 
 
@@ -160,13 +199,14 @@ def config_lines(policy: Path, out: Path, size: str, engine: str, steps: int) ->
 class GpuSampler:
     """nvidia-smi every 500 ms, each sample stamped with this machine's wall clock."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpus: int | None = None) -> None:
         self.samples: list[tuple[float, str, float, float]] = []  # (time, gpu, util %, MiB)
         self._process = None
         if shutil.which("nvidia-smi"):
             query = "--query-gpu=index,utilization.gpu,memory.used"
+            only = [f"--id={','.join(str(i) for i in range(gpus))}"] if gpus else []
             self._process = subprocess.Popen(
-                ["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "500"],
+                ["nvidia-smi", query, *only, "--format=csv,noheader,nounits", "-lms", "500"],
                 stdout=subprocess.PIPE,
                 text=True,
             )
@@ -211,6 +251,7 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler) -> dict:
         "s/step": step_s,
         "tok/s": over_steps("train/response_tokens") / step_s,
         "in vain": in_vain / generated if generated else 0.0,
+        "train s": over_steps("trainer/step_s"),
         "wait batch ms": over_steps("grpo/wait_batch_ms"),
         "sync wait ms": over_steps("grpo/weight_sync_ms"),
         # Medians: the second version's load also checks the copy plan against vLLM's loader.
@@ -222,24 +263,57 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler) -> dict:
 
 
 def run(
-    size: str, engine: str, label: str, steps: int, out: Path, preset: str | None, overrides: list[str]
+    size: str,
+    engine: str,
+    label: str,
+    steps: int,
+    out: Path,
+    preset: str | None,
+    overrides: list[str],
+    placement: str | None = None,
 ) -> dict:
     root = out / size
     policy = root / "policy"
     if not (policy / "config.json").exists():  # in a child: the export's process group stays there
         subprocess.run([sys.executable, __file__, "--export", size, str(root)], check=True)
-    run_dir = root / f"run_{engine}_{label}"
+    run_dir = root / (f"run_{engine}_{label}" + (f"_{placement}" if placement else ""))
     shutil.rmtree(run_dir, ignore_errors=True)
     command = [sys.executable, "-m", "apps.grpo.main", "--config", "configs/grpo/qwen3_1_7b.yaml"]
     command += config_lines(policy, run_dir, size, engine, steps) + workload(policy, root, preset, size)
-    command += VARIANTS.get(label, []) + overrides
-    gpu = GpuSampler()
+    command += VARIANTS.get(label, [])
+    env = dict(os.environ)
+    gpus = None
+    if placement is not None:
+        gpus, placed = placement_overrides(placement, PRESETS[preset][1], VARIANTS.get(label, []))
+        command += placed
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
+    command += overrides
+    gpu = GpuSampler(gpus)
     try:
-        subprocess.run(command, check=True)
+        subprocess.run(command, check=True, env=env)
     finally:
         gpu.stop()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"size": size, **summarize(label, [r for r in rows if r["step"] >= 1], gpu)}
+    where = {"placement": placement, "GPUs": gpus} if placement else {}
+    return {"size": size, **where, **summarize(label, [r for r in rows if r["step"] >= 1], gpu)}
+
+
+def add_scaling(results: list[dict]) -> None:
+    """tok/s per GPU, and the efficiency against the 1gpu run of the same size and variant."""
+    for row in results:
+        if "GPUs" not in row:
+            continue
+        row["tok/s/GPU"] = row["tok/s"] / row["GPUs"]
+        base = next(
+            (
+                b
+                for b in results
+                if b.get("placement") == "1gpu" and (b["size"], b["run"]) == (row["size"], row["run"])
+            ),
+            None,
+        )
+        if base is not None:
+            row["efficiency"] = f"{row['tok/s/GPU'] / base['tok/s/GPU']:.0%}"
 
 
 def print_table(results: list[dict]) -> None:
@@ -264,7 +338,13 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["0.6B", "1.7B"])
     parser.add_argument("--engine", default="hf", choices=["hf", "vllm"])
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--preset", choices=["trl"], default=None)
+    parser.add_argument("--preset", choices=["trl", "long"], default=None)
+    parser.add_argument(
+        "--placements",
+        type=lambda text: text.split(","),
+        default=[None],
+        help=f"comma-separated, of {list(PLACEMENTS)}; default: the run's own config (every actor on GPU 0)",
+    )
     parser.add_argument(
         "--variants",
         type=lambda text: text.split(","),
@@ -275,13 +355,20 @@ def main() -> None:
     unknown = [v for v in args.variants if v != "default" and v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}: choose from {sorted(VARIANTS)} or default")
+    unplaced = [p for p in args.placements if p is not None and p not in PLACEMENTS]
+    if unplaced:
+        parser.error(f"unknown placements {unplaced}: choose from {list(PLACEMENTS)}")
     results_path = args.out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else []
     for size in args.sizes:
         for label in args.variants:
-            results.append(run(size, args.engine, label, args.steps, args.out, args.preset, overrides))
-            results_path.write_text(json.dumps(results, indent=1))
-            print_table(results)
+            for placement in args.placements:
+                results.append(
+                    run(size, args.engine, label, args.steps, args.out, args.preset, overrides, placement)
+                )
+                add_scaling(results)
+                results_path.write_text(json.dumps(results, indent=1))
+                print_table(results)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from forge.actors.trainer import TitanTrainer
 from forge.config import config_to_dict, parse_args, save_config
 from forge.config.errors import ConfigError
 from forge.controller import get_provisioner, init_provisioner, shutdown, supervision
+from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP, GpuPlan
+from forge.controller.provisioner import visible_gpus
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.reward_scoring import RewardScorer
 from forge.envs.turns import TurnRenderer
@@ -44,6 +46,7 @@ from forge.runs import RunStopped
 from forge.runs.checkpoint import Progress, RunCheckpointer
 from forge.runs.checks import check_no_earlier_metrics, check_run_inputs
 from forge.runs.grpo_loops import GRPOActors, GRPOLoops
+from forge.runs.placement import grpo_gpu_plan
 from forge.weight_sync import resolve_transport
 
 
@@ -79,14 +82,17 @@ def checkpointer(cfg: GRPOConfig) -> RunCheckpointer:
     return RunCheckpointer(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep)
 
 
-async def run(cfg: GRPOConfig) -> dict:
+async def run(cfg: GRPOConfig, plan: GpuPlan | None = None) -> dict:
+    """The run; `plan` places its model actors on this host's GPUs (`forge.runs.placement`)."""
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
     if cfg.actor_threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
-    await init_provisioner(cfg.provisioner, seed=cfg.seed)
+    if plan is not None:
+        print(plan.describe(visible_gpus()))
+    await init_provisioner(cfg.provisioner, seed=cfg.seed, plan=plan)
     try:
         if cfg.rollout.replay_from:
             return await _replay(cfg)
@@ -143,7 +149,9 @@ async def _train(cfg: GRPOConfig) -> dict:
         pad_id = _pad_id(cfg)
         transport = resolve_transport(cfg.generator.weight_transport, one_host=not cfg.provisioner.hosts)
         gpus = torch.cuda.is_available()  # model actors each get their own GPUs when there are any
-        generators = Generator.options(with_gpus=gpus, num_replicas=cfg.generator.replicas)
+        generators = Generator.options(
+            with_gpus=gpus, num_replicas=cfg.generator.replicas, gpu_group=GENERATOR_GROUP
+        )
         generator_cfg = cfg.generator.model_copy(update={"weight_transport": transport})
         env_actors = EnvironmentActor.options(num_replicas=cfg.env.replicas) if cfg.env else None
         (
@@ -168,7 +176,7 @@ async def _train(cfg: GRPOConfig) -> dict:
             if cfg.env
             else asyncio.sleep(0),
             TitanTrainer.options(
-                procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group="trainer"
+                procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group=TRAINER_GROUP
             ).as_actor(
                 cfg.trainer.engine,
                 cfg.trainer.loss,
@@ -187,7 +195,7 @@ async def _train(cfg: GRPOConfig) -> dict:
             # With the trainer's processes, hosts, GPUs and parallelism: a KL term needs no GPU
             # of its own, and each GPU holds a shard of the reference as it does of the policy.
             ReferenceModel.options(
-                procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group="trainer"
+                procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group=TRAINER_GROUP
             ).as_actor(cfg.trainer.engine, cfg.generator.sampling.temperature)
             if cfg.use_reference
             else asyncio.sleep(0),
@@ -255,6 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise FileNotFoundError(f"rollout.replay_from: no rollout records at {cfg.rollout.replay_from}")
         check_run_inputs(cfg)
         checkpointer(cfg).check_start(cfg.resume)
+        plan = grpo_gpu_plan(cfg, visible_gpus() if torch.cuda.is_available() else [])
         if not cfg.resume:
             check_no_earlier_metrics(cfg.metrics.jsonl_path, "metrics.jsonl_path")
     except (FileNotFoundError, ValueError, ConfigError) as e:
@@ -262,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(2) from None
     started = time.perf_counter()
     try:
-        history = asyncio.run(run(cfg))
+        history = asyncio.run(run(cfg, plan))
     except KeyboardInterrupt:
         stopped(cfg, "interrupted: actors stopped", code=130)
     except RunStopped as e:

@@ -25,6 +25,7 @@ from monarch.actor import endpoint
 from forge.actors.generator import Generator, GeneratorConfig
 from forge.actors.reward import RewardConfig, RewardModelConfig
 from forge.controller import ForgeActor
+from forge.controller.gpu_plan import TRAINER_GROUP
 from forge.controller.liveness import ActorHungError
 from forge.controller.service import ReplicaHungError, call_within
 from forge.data.judge import judge_question
@@ -61,7 +62,7 @@ def judge_generator_config(m: RewardModelConfig) -> GeneratorConfig:
 async def launch_reward_model(m: RewardModelConfig, gpus: bool) -> Any:
     """A service of `m.replicas` copies of the model; with GPUs, each on its own or the trainer's."""
     placement = dict(
-        num_replicas=m.replicas, with_gpus=gpus, gpu_group="trainer" if m.gpu == "trainer" else None
+        num_replicas=m.replicas, with_gpus=gpus, gpu_group=TRAINER_GROUP if m.gpu == "trainer" else None
     )
     if m.kind == "classifier":
         return await ClassifierRewardModel.options(**placement).as_service(m.path, m.batch_size, m.dtype)

@@ -8,9 +8,11 @@ the program's other GPUs: a generator can then map the trainer's GPU memory by C
 (`forge.store.cuda_ipc`), which fails when that GPU is hidden from it. With a `seed`, each
 process also seeds its global RNGs first (`forge.controller.seeding`).
 
-GPUs are handed out per mesh, or per GPU group: meshes launched with the same `gpu_group`
-share the GPUs of the group's first mesh (the reference model on the trainer's GPUs; or, with
-`colocate`, every model actor on one GPU).
+GPUs are handed out by the run's placement plan (`forge.controller.gpu_plan`), when it has one:
+a mesh of a planned GPU group (the trainer's, the generator replicas') takes that group's least
+used slot. Otherwise per mesh, or per GPU group: meshes launched with the same `gpu_group` share
+the GPUs of the group's first mesh (the reference model on the trainer's GPUs; or, with
+`colocate`, every model actor on the first GPUs).
 
 Meshes run on this host, or, with `provisioner.hosts`, on the hosts of those workers
 (`python -m forge.worker`; see `forge.controller.hosts`). There GPUs are handed out per host,
@@ -37,6 +39,7 @@ from pydantic import Field, model_validator
 from forge import monarch_env
 from forge.config import ForgeConfigModel
 from forge.controller import supervision
+from forge.controller.gpu_plan import SLOT_GROUPS, GpuPlan
 from forge.controller.hosts import HOST_AGENT_NAME, STORE_MESH_NAME, AttachedHosts, parse_worker_address
 from forge.controller.liveness import kill_processes
 from forge.controller.seeding import mesh_seed, seed_global_rngs
@@ -126,7 +129,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _visible_gpus() -> list[str]:
+def visible_gpus() -> list[str]:
     """The GPUs this program may use: the user's CUDA_VISIBLE_DEVICES if set, else all."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
@@ -137,6 +140,12 @@ def _visible_gpus() -> list[str]:
         return [str(i) for i in range(torch.cuda.device_count())]
     except Exception:  # a torch without CUDA support
         return []
+
+
+def _sharing(gpu_group: str | None) -> str | None:
+    """`gpu_group` where its meshes share GPUs; None for a group whose meshes each take their
+    own (the generator replicas', when no plan gives them slots)."""
+    return None if gpu_group in SLOT_GROUPS else gpu_group
 
 
 def _set_process_env(world_size: int, master_port: int, gpus: list[str], seed: int | None) -> None:
@@ -156,11 +165,15 @@ def _set_process_env(world_size: int, master_port: int, gpus: list[str], seed: i
 
 
 class Provisioner:
-    def __init__(self, cfg: ProvisionerConfig | None = None, seed: int | None = None):
+    def __init__(
+        self, cfg: ProvisionerConfig | None = None, seed: int | None = None, plan: GpuPlan | None = None
+    ):
         self.cfg = cfg or ProvisionerConfig()
         self.seed = seed
-        self._all_gpus = _visible_gpus()
-        self._free_gpus = list(self._all_gpus)
+        self.plan = plan
+        self._all_gpus = visible_gpus()
+        planned = {self._all_gpus[i] for i in plan.planned_gpus()} if plan else set()
+        self._free_gpus = [g for g in self._all_gpus if g not in planned]
         self._meshes: list[_MeshRecord] = []
         # Stopped before any mesh: what would otherwise react to its meshes stopping (a
         # service's health loop would start replacements for replicas that shutdown stops).
@@ -250,7 +263,11 @@ class Provisioner:
         assert self._hosts is not None
         async with self._lock:
             hosts = self._hosts.hosts_for(name, count)
-            gpus = self._hosts.take_gpus(hosts, procs, name, gpu_group) if with_gpus else [[] for _ in hosts]
+            gpus = (
+                self._hosts.take_gpus(hosts, procs, name, _sharing(gpu_group))
+                if with_gpus
+                else [[] for _ in hosts]
+            )
         try:
             mesh, where = await self._hosts.spawn(hosts, procs, gpus, name, seed)
         except BaseException:
@@ -286,8 +303,11 @@ class Provisioner:
         ]
 
     def _gpus_for(self, procs: int, name: str, gpu_group: str | None) -> list[str]:
-        """With `colocate`, the program's first GPUs; else the group's GPUs when another mesh of
-        `gpu_group` holds some; else newly taken ones."""
+        """A planned group's least used slot; else, with `colocate`, the program's first GPUs;
+        else the group's GPUs when another mesh of `gpu_group` holds some; else newly taken ones."""
+        if self.plan is not None and self.plan.slots.get(gpu_group or ""):
+            return self._planned_slot(procs, name, gpu_group)
+        gpu_group = _sharing(gpu_group)
         if self.cfg.colocate:
             if procs > len(self._all_gpus):
                 raise RuntimeError(
@@ -304,9 +324,22 @@ class Provisioner:
             )
         return holder.gpus[:procs]
 
+    def _planned_slot(self, procs: int, name: str, gpu_group: str) -> list[str]:
+        """The slot of `gpu_group` that the fewest live meshes of the group hold, the first such:
+        replica i gets slot i, and a dead replica's replacement the slot it left."""
+        slots = [[self._all_gpus[i] for i in slot] for slot in self.plan.slots[gpu_group]]
+        holders = [sum(r.gpu_group == gpu_group and r.gpus == slot for r in self._meshes) for slot in slots]
+        slot = slots[holders.index(min(holders))]
+        if procs > len(slot):
+            raise RuntimeError(
+                f"mesh '{name}' needs {procs} GPU(s) but the placement plan gives its group '{gpu_group}' "
+                f"{len(slot)} ({','.join(slot)})"
+            )
+        return slot
+
     def _take_gpus(self, procs: int, name: str) -> list[str]:
         if not self._free_gpus:
-            if not _visible_gpus():
+            if not visible_gpus():
                 logger.warning("mesh %s asked for GPUs but this machine has none: running on CPU", name)
                 return []
             raise RuntimeError(f"mesh '{name}' needs {procs} GPU(s) but all GPUs are taken")
@@ -375,13 +408,15 @@ class Provisioner:
 _provisioner: Provisioner | None = None
 
 
-async def init_provisioner(cfg: ProvisionerConfig | None = None, seed: int | None = None) -> Provisioner:
-    """The program's provisioner; `seed` seeds the global RNGs of every process it starts. With
-    `cfg.hosts`, attached to those workers (call it before anything else uses Monarch: it
-    chooses Monarch's transport)."""
+async def init_provisioner(
+    cfg: ProvisionerConfig | None = None, seed: int | None = None, plan: GpuPlan | None = None
+) -> Provisioner:
+    """The program's provisioner; `seed` seeds the global RNGs of every process it starts, and
+    `plan` places its GPU meshes. With `cfg.hosts`, attached to those workers (call it before
+    anything else uses Monarch: it chooses Monarch's transport)."""
     global _provisioner
     if _provisioner is None:
-        _provisioner = Provisioner(cfg, seed)
+        _provisioner = Provisioner(cfg, seed, plan)
     await _provisioner.attach_hosts()
     return _provisioner
 

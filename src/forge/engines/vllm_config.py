@@ -29,6 +29,12 @@ class VLLMConfig(ForgeConfigModel):
     # None: the model's max_position_embeddings.
     max_model_len: int | None = Field(default=None, ge=2)
     tensor_parallel_size: int = Field(default=1, ge=1)
+    # vLLM's own all-reduce kernels for tensor parallelism: its custom all-reduce (over CUDA IPC
+    # buffers) and FlashInfer's all-reduce fused with RMSNorm (a compile pass). Off: NCCL's.
+    # On the project's 4 x H200 machine TP=2 failed at start-up with them (FlashInfer chose its
+    # multi-node NVLink backend; an illegal memory access in the first profile run, reported as
+    # CUBLAS_STATUS_INTERNAL_ERROR on every rank).
+    custom_all_reduce: bool = False
     # None: eager on CPU (vLLM's CPU backend), compiled with CUDA graphs on GPU.
     enforce_eager: bool | None = None
     # n samples of one prompt share its KV cache; weight updates clear the cache.
@@ -51,6 +57,8 @@ def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: 
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
     if config.sleep_during_train:
         kwargs["enable_sleep_mode"] = True
+    if not config.custom_all_reduce:
+        kwargs["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
     return dict(
         model=model_path,
         # Prompts arrive as token ids and samples leave as token ids: no tokenizer.
@@ -59,6 +67,7 @@ def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: 
         seed=config.seed,
         gpu_memory_utilization=config.gpu_memory_utilization,
         tensor_parallel_size=config.tensor_parallel_size,
+        disable_custom_all_reduce=not config.custom_all_reduce,
         enforce_eager=config.enforce_eager if config.enforce_eager is not None else not on_gpu,
         enable_prefix_caching=config.enable_prefix_caching,
         # Logprobs after temperature and top-k/top-p: the distribution sampled from.
@@ -72,8 +81,10 @@ def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: 
 def in_process() -> None:
     """Keeps vLLM's engine core in this process (set before vllm is imported): the
     multiprocessing core spawns a process that needs a `__main__` guard, and its RPCs would
-    pickle every weight update."""
+    pickle every weight update. (With tensor parallelism vLLM still spawns one worker per GPU.)"""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # Symmetric-memory all-reduce needs NVLink multicast, which must stay off on shared hosts.
+    os.environ.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
 
 
 def check_supported(hf_config, model_path: str, key: str, on_gpu: bool) -> None:

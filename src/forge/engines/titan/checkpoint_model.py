@@ -264,6 +264,17 @@ def _check_weights_fit(model: CheckpointModel) -> None:
         )
 
 
+def parameter_count(settings: dict[str, Any]) -> int:
+    """The parameters of a decoder described by `model_settings` (biases left out)."""
+    hidden, heads, head_dim = settings["hidden_size"], settings["num_attention_heads"], settings["head_dim"]
+    kv_heads, vocab = settings["num_key_value_heads"], settings["vocab_size"]
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    mlp = 3 * hidden * settings["intermediate_size"]
+    norms = 2 * hidden + (2 * head_dim if settings["qk_norm"] else 0)
+    embeddings = vocab * hidden * (1 if settings["tie_word_embeddings"] else 2)
+    return embeddings + settings["num_hidden_layers"] * (attention + mlp + norms) + hidden
+
+
 def _intermediate_size(args) -> int:
     if hasattr(args, "hidden_dim"):
         return args.hidden_dim

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The runs that need several GPUs of one host (issue 28), one per device call on a machine where
+# the core and vLLM wheel sets are installed (bench/RESULTS.md), back to back. Logs land in OUT_DIR.
+#
+#   bash bench/multi_gpu_runs.sh RUN OUT_DIR [ARGS...]
+#
+#   scaling SIZE PRESET PLACEMENTS  bench/gpu_throughput.py on the placements (comma-separated,
+#               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, age1-drain, 6 steps
+#   vllm_tp TP  vLLM with tensor_parallel_size=TP: generation, updates, parity (bench/vllm_tp_check.py)
+#   fsdp        trainer.procs=2, generator colocated, KL on; losses against one GPU's on the
+#               same batches (bench/fsdp_parity.py)
+#   demo        configs/grpo/gpu_demo.yaml, trainer on GPU 0 and generator on GPU 1
+#   qwen17      configs/grpo/qwen3_1_7b.yaml as shipped, a random 1.7B policy, 10 steps
+set -uo pipefail
+run=${1:?usage: bench/multi_gpu_runs.sh scaling|vllm_tp|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
+out=${2:?usage: bench/multi_gpu_runs.sh RUN OUT_DIR [ARGS...]}
+shift 2
+mkdir -p "$out"
+PYTHON=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
+nvidia-smi -L 2>/dev/null
+case $run in
+    scaling)
+        size=${1:?scaling SIZE PRESET PLACEMENTS} preset=${2:?} placements=${3:?}
+        shift 3
+        # TIME_LIMIT: seconds for all of them; the rows finished by then are kept.
+        timeout "${TIME_LIMIT:-3600}" "$PYTHON" bench/gpu_throughput.py --out /tmp/scaling --engine vllm \
+            --preset "$preset" --sizes "$size" --steps 6 --variants age1-drain --placements "$placements" "$@"
+        status=$?
+        cp /tmp/scaling/results.json "$out/" 2>/dev/null
+        exit $status ;;
+    vllm_tp) "$PYTHON" bench/vllm_tp_check.py --out /tmp/vllm_tp --size 0.6B --tp "${1:-2}" ;;
+    fsdp) "$PYTHON" bench/fsdp_parity.py --out "$out/fsdp" --procs 2 && cp "$out/fsdp/losses.json" "$out/" ;;
+    demo) bash bench/gpu_demo.sh "$out/demo" provisioner.colocate=false ;;
+    qwen17)
+        "$PYTHON" bench/gpu_throughput.py --export 1.7B /tmp/q17 || exit
+        "$PYTHON" -c "
+from forge.data.toy_task import ToyTaskConfig, make_splits, write_jsonl
+train, evaluation = make_splits(ToyTaskConfig())
+write_jsonl(train, '/tmp/q17/prompts.jsonl'), write_jsonl(evaluation, '/tmp/q17/eval.jsonl')
+" || exit
+        "$PYTHON" -m apps.grpo.main --config configs/grpo/qwen3_1_7b.yaml policy_path=/tmp/q17/policy \
+            dataset.path=/tmp/q17/prompts.jsonl dataset.eval_path=/tmp/q17/eval.jsonl max_steps=10 output_dir=/tmp/q17/run eval.num_prompts=16 \
+            && cp /tmp/q17/run/metrics.jsonl "$out/qwen17_metrics.jsonl" ;;
+    *) echo "unknown run $run" >&2; exit 2 ;;
+esac

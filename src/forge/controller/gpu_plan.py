@@ -1,0 +1,206 @@
+"""The placement planner: which of this host's GPUs each model actor gets, decided and checked
+before any process starts, and printed at start-up.
+
+Two modes (`provisioner.colocate`):
+- colocated: the trainer's ranks on GPUs 0..P-1 and the generator's replicas beside them,
+  replica i on GPUs i*tp .. (i+1)*tp-1 (tp: its vLLM tensor-parallel size), so each GPU holds a
+  trainer rank and one generator replica, or its share of one with TP;
+- disaggregated: the trainer on GPUs 0..P-1, the replicas on the GPUs after them, then the
+  GPUs of reward models that have their own.
+
+The reference model takes the trainer's GPUs (it has the trainer's processes and sharding).
+A plan that cannot work is refused naming the config keys: too few GPUs, a tensor-parallel
+size the model's attention heads cannot be split by, or a GPU asked to hold more memory than
+it has (the trainer's weights, gradients and optimizer state, which are known before start-up,
+plus the share vLLM reserves).
+
+The provisioner (`forge.controller.provisioner`) hands out GPUs by this plan: a mesh launched
+with a planned GPU group takes that group's least used slot (the replacement of a dead replica
+takes the slot it left).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+# GPU groups (`ForgeActor.options(gpu_group=...)`). The trainer's meshes (trainer, reference
+# model) share its GPUs; the generator's each take GPUs of their own, a slot per replica.
+TRAINER_GROUP = "trainer"
+GENERATOR_GROUP = "generator"
+SLOT_GROUPS = frozenset({GENERATOR_GROUP})
+
+
+class PlacementError(ValueError):
+    """A placement that cannot work on this machine, refused before any process starts."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The GPUs a run may use: how many, and each one's memory (None: unknown, not checked)."""
+
+    gpus: int
+    memory_gib: float | None = None
+
+    @classmethod
+    def detect(cls, visible: list[str]) -> Machine:
+        """The `visible` GPUs (indices as CUDA_VISIBLE_DEVICES names them), their memory read with
+        nvidia-smi: the controller must not start CUDA (vLLM then has to spawn its workers)."""
+        if not visible or shutil.which("nvidia-smi") is None:
+            return cls(len(visible))
+        query = ["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"]
+        try:
+            lines = subprocess.run(query, capture_output=True, text=True, check=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return cls(len(visible))
+        memory = {}
+        for line in lines.splitlines():
+            index, mib = (part.strip() for part in line.split(","))
+            memory[index] = float(mib) / 1024
+        sizes = [memory[g] for g in visible if g in memory]
+        return cls(len(visible), min(sizes) if len(sizes) == len(visible) else None)
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """What a run asks of the GPUs (built from its config, e.g. `forge.runs.placement`)."""
+
+    trainer_procs: int
+    generator_replicas: int
+    colocate: bool
+    generator_tp: int = 1
+    # The share of a GPU vLLM reserves (generator.vllm.gpu_memory_utilization); 0: not vLLM.
+    generator_share: float = 0.0
+    # The trainer's weights, gradients and optimizer state (and the reference model's weights)
+    # per trainer GPU, in GiB; None: unknown, not checked.
+    trainer_gib: float | None = None
+    # The policy's attention heads and key/value heads, which vLLM's TP splits; None: unchecked.
+    attention_heads: tuple[int, int] | None = None
+    # Reward models with GPUs of their own: name -> GPUs they take (replicas).
+    own_gpus: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class GpuPlan:
+    """GPU indices (into the visible GPUs) per GPU group: one list per mesh of the group."""
+
+    slots: dict[str, list[list[int]]]
+    colocate: bool
+    machine: Machine
+    own_gpus: dict[str, list[int]] = field(default_factory=dict)
+
+    def planned_gpus(self) -> set[int]:
+        return {gpu for group in self.slots.values() for slot in group for gpu in slot}
+
+    def describe(self, names: list[str] | None = None) -> str:
+        """The plan as lines to print; `names`: the visible GPUs' own names (CUDA_VISIBLE_DEVICES)."""
+
+        def gpus(indices: list[int]) -> str:
+            return ",".join(names[i] if names else str(i) for i in indices)
+
+        memory = f", {self.machine.memory_gib:.0f} GiB each" if self.machine.memory_gib else ""
+        mode = "colocated" if self.colocate else "disaggregated"
+        lines = [f"placement ({mode}, {self.machine.gpus} GPUs{memory}):"]
+        for group, label in (
+            (TRAINER_GROUP, "trainer (and reference model)"),
+            (GENERATOR_GROUP, "generator"),
+        ):
+            for i, slot in enumerate(self.slots.get(group, [])):
+                replica = f" replica {i}" if group == GENERATOR_GROUP else ""
+                lines.append(f"  {label}{replica}: GPU {gpus(slot)}")
+        for name, taken in self.own_gpus.items():
+            lines.append(f"  reward model {name}: GPU {gpus(taken)}")
+        unused = sorted(
+            set(range(self.machine.gpus))
+            - self.planned_gpus()
+            - {g for t in self.own_gpus.values() for g in t}
+        )
+        if unused:
+            lines.append(f"  unused: GPU {gpus(unused)}")
+        return "\n".join(lines)
+
+
+def plan_gpus(request: PlacementRequest, machine: Machine) -> GpuPlan:
+    """The plan for `request` on `machine`, or a PlacementError naming the keys to change."""
+    r = request
+    _check_tensor_parallel(r)
+    if r.trainer_procs > machine.gpus:
+        raise PlacementError(
+            f"trainer.procs ({r.trainer_procs}) needs a GPU per rank, and this machine has {machine.gpus} "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): lower trainer.procs"
+        )
+    generator_gpus = r.generator_replicas * r.generator_tp
+    replicas = f"generator.replicas ({r.generator_replicas}) x generator.vllm.tensor_parallel_size ({r.generator_tp})"
+    trainer = list(range(r.trainer_procs))
+    if r.colocate:
+        if generator_gpus > machine.gpus:
+            raise PlacementError(
+                f"provisioner.colocate=true gives each generator replica GPUs of its own beside the trainer: "
+                f"{replicas} = {generator_gpus} GPUs, but this machine has {machine.gpus}: lower them"
+            )
+        first = 0
+    else:
+        needed = r.trainer_procs + generator_gpus + sum(r.own_gpus.values())
+        if needed > machine.gpus:
+            own = "".join(f" + reward model {name} ({n})" for name, n in r.own_gpus.items())
+            raise PlacementError(
+                f"provisioner.colocate=false gives the trainer GPUs of its own: trainer.procs ({r.trainer_procs}) "
+                f"+ {replicas}{own} = {needed} GPUs, but this machine has {machine.gpus}: lower them, or set "
+                "provisioner.colocate=true"
+            )
+        first = r.trainer_procs
+    generators = [
+        list(range(first + i * r.generator_tp, first + (i + 1) * r.generator_tp))
+        for i in range(r.generator_replicas)
+    ]
+    own_gpus = {}
+    if not r.colocate:
+        next_free = first + generator_gpus
+        for name, count in r.own_gpus.items():
+            own_gpus[name] = list(range(next_free, next_free + count))
+            next_free += count
+    plan = GpuPlan({TRAINER_GROUP: [trainer], GENERATOR_GROUP: generators}, r.colocate, machine, own_gpus)
+    _check_memory(r, plan)
+    return plan
+
+
+def _check_tensor_parallel(r: PlacementRequest) -> None:
+    if r.generator_tp == 1 or r.attention_heads is None:
+        return
+    heads, kv_heads = r.attention_heads
+    # vLLM splits the query heads evenly, and the key/value heads too, or replicates them
+    # when there are fewer than ranks.
+    if heads % r.generator_tp or (kv_heads % r.generator_tp and r.generator_tp % kv_heads):
+        raise PlacementError(
+            f"generator.vllm.tensor_parallel_size ({r.generator_tp}) must divide the policy's "
+            f"{heads} attention heads and divide or be a multiple of its {kv_heads} key/value heads: "
+            "choose a size that does"
+        )
+
+
+def _check_memory(r: PlacementRequest, plan: GpuPlan) -> None:
+    """Each GPU's known reservations: the trainer's state and vLLM's share."""
+    memory = plan.machine.memory_gib
+    if memory is None:
+        return
+    for gpu in range(plan.machine.gpus):
+        # At most one replica per GPU (the plan never stacks them).
+        shares = r.generator_share if any(gpu in slot for slot in plan.slots[GENERATOR_GROUP]) else 0.0
+        on_trainer = gpu in plan.slots[TRAINER_GROUP][0]
+        trainer_gib = (r.trainer_gib or 0.0) if on_trainer else 0.0
+        if trainer_gib + shares * memory > memory:
+            parts = [f"the trainer's weights, gradients and optimizer state (~{trainer_gib:.1f} GiB)"]
+            if shares:
+                parts.append(
+                    f"vLLM's generator.vllm.gpu_memory_utilization {r.generator_share} ({shares * memory:.1f} GiB)"
+                )
+            advice = ["raise trainer.procs (FSDP shards that state)"]
+            if shares:
+                advice.insert(0, "lower generator.vllm.gpu_memory_utilization")
+                if plan.colocate:
+                    advice.append("set provisioner.colocate=false")
+            raise PlacementError(
+                f"GPU {gpu} ({memory:.0f} GiB) cannot hold {' and '.join(parts)}: {', or '.join(advice)}"
+            )

@@ -1,0 +1,58 @@
+"""A GRPO run's GPU placement: its config as a request to the planner (`forge.controller.gpu_plan`),
+made before any process starts (a refusal names the keys) and printed at start-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forge.controller.gpu_plan import GpuPlan, Machine, PlacementRequest, plan_gpus
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def policy_settings(model_cfg) -> dict[str, Any]:
+    """The trainer's model (`trainer.engine.model`) as config.json would describe it."""
+    from forge.engines.titan.checkpoint_model import model_settings, read_checkpoint_model
+    from forge.engines.titan.flavors import resolve_model_args
+
+    if model_cfg.hf_path is not None:
+        return read_checkpoint_model(model_cfg.hf_path).settings
+    return model_settings(resolve_model_args(model_cfg.name, model_cfg.flavor, model_cfg.vocab_size))
+
+
+def trainer_state_gib(cfg, settings: dict[str, Any]) -> float:
+    """Per trainer GPU: the policy's weights, gradients and two AdamW moments in the training
+    dtype, and the reference model's weights when there is one, over the FSDP shards. A floor:
+    activations come on top."""
+    from forge.engines.titan.checkpoint_model import parameter_count
+
+    engine = cfg.trainer.engine
+    copies = 4 + (1 if cfg.use_reference else 0)
+    ranks = cfg.trainer.procs * cfg.trainer.hosts
+    shards = max(ranks // engine.parallelism.data_parallel_replicate_degree, 1)
+    return parameter_count(settings) * _DTYPE_BYTES[engine.training.dtype] * copies / shards / 2**30
+
+
+def placement_request(cfg, settings: dict[str, Any]) -> PlacementRequest:
+    vllm = cfg.generator.engine != "hf"
+    own = {m.name: m.replicas for m in cfg.reward.models if m.gpu == "own"}
+    return PlacementRequest(
+        trainer_procs=cfg.trainer.procs if cfg.trainer.enabled else 0,
+        generator_replicas=cfg.generator.replicas,
+        colocate=cfg.provisioner.colocate,
+        generator_tp=cfg.generator.vllm.tensor_parallel_size,
+        generator_share=cfg.generator.vllm.gpu_memory_utilization if vllm else 0.0,
+        trainer_gib=trainer_state_gib(cfg, settings) if cfg.trainer.enabled else None,
+        attention_heads=(settings["num_attention_heads"], settings["num_key_value_heads"]),
+        own_gpus=own,
+    )
+
+
+def grpo_gpu_plan(cfg, visible: list[str]) -> GpuPlan | None:
+    """The plan for a GRPO run on the `visible` GPUs of this host; None without GPUs, or with
+    worker hosts (`provisioner.hosts`), where GPUs are handed out per host as meshes start."""
+    if not visible or cfg.provisioner.hosts:
+        return None
+    return plan_gpus(
+        placement_request(cfg, policy_settings(cfg.trainer.engine.model)), Machine.detect(visible)
+    )

@@ -1,0 +1,34 @@
+"""A GRPO config as a request to the placement planner, refused before any process starts."""
+
+from pathlib import Path
+
+import pytest
+from apps.grpo.config import GRPOConfig
+from safetensors.torch import load_file
+
+from forge.config import load_config
+from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP, PlacementError
+from forge.runs.placement import grpo_gpu_plan, placement_request, policy_settings, trainer_state_gib
+
+
+def test_grpo_config_request_counts_the_trainer_state(write_grpo_config):
+    config = write_grpo_config()
+    cfg = load_config(
+        GRPOConfig, config, ["trainer.procs=2", "generator.replicas=2", "provisioner.colocate=true"]
+    )
+    settings = policy_settings(cfg.trainer.engine.model)
+    request = placement_request(cfg, settings)
+    assert (request.trainer_procs, request.generator_replicas, request.colocate) == (2, 2, True)
+    assert request.attention_heads == (settings["num_attention_heads"], settings["num_key_value_heads"])
+    # float32 weights, gradients, two moments and the reference's weights (beta > 0), over 2 shards.
+    count = sum(t.numel() for t in load_file(str(Path(cfg.policy_path) / "model.safetensors")).values())
+    assert trainer_state_gib(cfg, settings) == pytest.approx(count * 4 * 5 / 2 / 2**30)
+
+
+def test_a_run_that_does_not_fit_the_gpus_is_refused_naming_keys(write_grpo_config):
+    cfg = load_config(GRPOConfig, write_grpo_config(), ["trainer.procs=2", "generator.replicas=2"])
+    plan = grpo_gpu_plan(cfg, ["0", "1", "2", "3"])
+    assert (plan.slots[TRAINER_GROUP], plan.slots[GENERATOR_GROUP]) == ([[0, 1]], [[2], [3]])
+    with pytest.raises(PlacementError, match=r"trainer.procs \(2\) \+ generator.replicas \(2\)"):
+        grpo_gpu_plan(cfg, ["0", "1", "2"])
+    assert grpo_gpu_plan(cfg, []) is None  # no GPUs: nothing to place

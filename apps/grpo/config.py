@@ -69,8 +69,14 @@ class GRPOConfig(ForgeConfigModel):
     seed: int = Field(0, ge=0)
     max_steps: int = Field(100, ge=1)
     output_dir: str = "outputs/grpo"
-    # Continue from the newest checkpoint in output_dir/checkpoints (see `checkpoint`).
-    resume: bool = False
+    # Continue from the newest checkpoint in output_dir/checkpoints (see `checkpoint`): true
+    # needs one there; auto continues from it if there is one, else starts.
+    resume: bool | Literal["auto"] = False
+    # When an actor that nothing replaces dies or hangs, restart the whole pipeline from the
+    # newest checkpoint, up to this many times in one invocation (forge.runs.restarts), waiting
+    # restart_backoff_s before the first restart and twice as long before each next one.
+    max_restarts: int = Field(0, ge=0)
+    restart_backoff_s: float = Field(5.0, ge=0)
     checkpoint: CheckpointConfig = CheckpointConfig()
     policy_path: str
     warm_start: WarmStartConfig = WarmStartConfig()

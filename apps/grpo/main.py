@@ -42,11 +42,12 @@ from forge.observability import get_metric_logger
 from forge.observability.rollouts import RolloutRecorder, batches_path
 from forge.recipes.grpo_replay import replay_training
 from forge.rollout import Rollouts
-from forge.runs import RunStopped
+from forge.runs import ActorFailed, RunStopped
 from forge.runs.checkpoint import Progress, RunCheckpointer
 from forge.runs.checks import check_no_earlier_metrics, check_run_inputs
 from forge.runs.grpo_loops import GRPOActors, GRPOLoops
 from forge.runs.placement import grpo_gpu_plan
+from forge.runs.restarts import ACTOR_FAILED_EXIT, restarts_so_far, run_with_restarts
 from forge.weight_sync import resolve_transport
 
 
@@ -254,6 +255,14 @@ def stopped(cfg: GRPOConfig, reason: str, code: int = 1) -> NoReturn:
     raise SystemExit(code)
 
 
+def starts_afresh(cfg: GRPOConfig) -> bool:
+    """Whether the run starts at step 0 with no earlier attempt's files to replace: not a
+    resume, nor an `auto` one that finds no checkpoint after a restart (forge.runs.restarts)."""
+    if cfg.resume == "auto":
+        return checkpointer(cfg).latest() is None and not restarts_so_far()
+    return not cfg.resume
+
+
 def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_args(GRPOConfig, argv, description="GRPO training with forge")
@@ -264,20 +273,28 @@ def main(argv: list[str] | None = None) -> dict:
         check_run_inputs(cfg)
         checkpointer(cfg).check_start(cfg.resume)
         plan = grpo_gpu_plan(cfg, visible_gpus() if torch.cuda.is_available() else [])
-        if not cfg.resume:
+        if starts_afresh(cfg):
             check_no_earlier_metrics(cfg.metrics.jsonl_path, "metrics.jsonl_path")
     except (FileNotFoundError, ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    if cfg.max_restarts:  # this process supervises; the pipeline runs in a child
+        arguments = sys.argv[1:] if argv is None else argv
+        newest = checkpointer(cfg).latest
+        raise SystemExit(
+            run_with_restarts("apps.grpo.main", arguments, cfg.max_restarts, cfg.restart_backoff_s, newest)
+        )
     started = time.perf_counter()
     try:
         history = asyncio.run(run(cfg, plan))
     except KeyboardInterrupt:
         stopped(cfg, "interrupted: actors stopped", code=130)
+    except ActorFailed as e:
+        stopped(cfg, f"error: {e}", code=ACTOR_FAILED_EXIT)
     except RunStopped as e:
         stopped(cfg, f"error: {e}")
     except supervision.FAILURES as e:
-        stopped(cfg, f"error: {supervision.explain(e)}")
+        stopped(cfg, f"error: {supervision.explain(e)}", code=ACTOR_FAILED_EXIT)
     summary = f"done in {time.perf_counter() - started:.0f} s"
     if history["eval_accuracy"]:
         (first_step, first), (last_step, last) = history["eval_accuracy"][0], history["eval_accuracy"][-1]

@@ -14,7 +14,10 @@ change with it:
   several hosts included. Qwen3-1.7B in bf16 on 2 x H200: 7.2 s.
 - `IpcTransport`: on one host, the store holding only a small handle per version; GPU to GPU
   by CUDA IPC (the same model: 0.033 s, bench/RESULTS.md, "Weight sync on one host"), or
-  through shared host memory on CPU.
+  through shared host memory on CPU. A sharded (FSDP) trainer publishes without gathering:
+  every rank stages its own rows in its own slots (`stage_rows`), the first rank stores the
+  version's handle of all of them (`publish_parts`), and each generator copies every rank's
+  rows into place (`forge.store.cuda_ipc.PartsHandle`).
 
 Each sync reports its bytes, seconds and GB/s: `weight_sync/publish_*` from the trainer,
 `weight_sync/pull_*` from each generator. Verify mode (`generator.verify_weights`) also stores
@@ -115,10 +118,18 @@ class IpcTransport:
         self._receiver = IpcReceiver()
 
     def stage(self, version: int, state_dict: dict[str, torch.Tensor]):
-        return self._publisher.publish(version, state_dict)
+        from forge.store.cuda_ipc import PartsHandle
+
+        return PartsHandle.whole(self._publisher.publish(version, state_dict))
+
+    def stage_rows(self, version: int, tensors: dict[str, torch.Tensor], first_rows: dict[str, int]):
+        """This process's rows of each tensor (one rank of a sharded trainer) into its own slot."""
+        from forge.store.cuda_ipc import RowsHandle
+
+        return RowsHandle(self._publisher.publish(version, tensors), first_rows)
 
     def nbytes(self, staged) -> int:
-        return sum(spec.nbytes for spec in staged.layout.specs)
+        return staged.nbytes
 
     async def put(self, version: int, staged) -> None:
         await store.put_object(version, staged, self.PREFIX)
@@ -197,6 +208,33 @@ class WeightPublisher:
         record_metric("weight_sync/snapshot_s", time.perf_counter() - started, Reduce.MEAN)
         # Summed from the caller's tensors, which are what the staged copy holds.
         expected = checksum(state_dict) if self.verify else None
+        self._in_flight = asyncio.create_task(self._store(version, staged, expected))
+
+    @property
+    def publishes_rows(self) -> bool:
+        """Whether each rank of a sharded trainer can publish its own rows (`stage_rows`): on one
+        host, where a reader maps every rank's slots."""
+        return isinstance(self.transport, IpcTransport)
+
+    async def stage_rows(
+        self, version: int, tensors: dict[str, torch.Tensor], first_rows: dict[str, int]
+    ) -> tuple[Any, int | None]:
+        """Every rank of a sharded trainer: copies its own rows of each tensor (`first_rows`: where
+        they start) into its slot now. Returns what `publish_parts` takes on the first rank: the
+        slot's handle and, in verify mode, these rows' share of the version's checksum."""
+        await self.wait()
+        started = time.perf_counter()
+        handle = self.transport.stage_rows(version, tensors, first_rows)
+        record_metric("weight_sync/snapshot_s", time.perf_counter() - started, Reduce.MEAN)
+        return handle, checksum(tensors, first_rows=first_rows) if self.verify else None
+
+    async def publish_parts(self, version: int, parts: list[tuple[Any, int | None]]) -> None:
+        """The first rank: stores as `version`, in the background, every rank's `stage_rows`."""
+        from forge.store.cuda_ipc import PartsHandle
+
+        await self.wait()
+        staged = PartsHandle(version, tuple(handle for handle, _ in parts))
+        expected = sum(share for _, share in parts) if self.verify else None
         self._in_flight = asyncio.create_task(self._store(version, staged, expected))
 
     async def _store(self, version: int, staged: Any, expected: int | None) -> None:

@@ -7,7 +7,8 @@ import re
 import pytest
 from apps.grpo.config import GRPOConfig
 
-from forge.config import parse_args
+from forge.config import load_config, parse_args
+from forge.config.errors import ConfigError
 
 
 def load(write_grpo_config, *overrides: str) -> GRPOConfig:
@@ -108,3 +109,10 @@ def test_a_seq_len_that_sequence_parallelism_cannot_split_is_refused(write_grpo_
     assert "training.seq_len (66) must be a multiple of 2 * parallelism.tensor_parallel_degree (4)" in (
         capsys.readouterr().err
     )
+
+
+def test_resume_accepts_auto_and_refuses_other_words(write_grpo_config):
+    config = write_grpo_config()
+    assert load_config(GRPOConfig, config, ["resume=auto"]).resume == "auto"
+    with pytest.raises(ConfigError, match="resume"):
+        load_config(GRPOConfig, config, ["resume=maybe"])

@@ -15,6 +15,8 @@ import time
 import pytest
 from host_workers import REPO, Worker, free_port, make_tls_files, worker_env
 
+from forge.runs.restarts import ACTOR_FAILED_EXIT
+
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory):
@@ -110,7 +112,7 @@ def test_a_worker_killed_mid_run_stops_the_run_naming_it(write_grpo_config, tls,
         output = "".join(seen) + app.communicate(timeout=180)[0]
     finally:
         app.kill()
-    assert app.returncode == 1, output[-3000:]
+    assert app.returncode == ACTOR_FAILED_EXIT, output[-3000:]
     # Named like a dead actor, with the host it ran on (whether the run learns of the death from
     # the failed call or from Monarch's supervision first, the line names both).
     error = next((line for line in output.splitlines() if line.startswith("error: actor Generator_1 ")), "")

@@ -7,7 +7,7 @@ from apps.grpo.config import GRPOConfig
 from safetensors.torch import load_file
 
 from forge.config import load_config
-from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP, PlacementError
+from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP, Machine, PlacementError, plan_gpus
 from forge.runs.placement import grpo_gpu_plan, placement_request, policy_settings, trainer_state_gib
 
 
@@ -32,3 +32,34 @@ def test_a_run_that_does_not_fit_the_gpus_is_refused_naming_keys(write_grpo_conf
     with pytest.raises(PlacementError, match=r"trainer.procs \(2\) \+ generator.replicas \(2\)"):
         grpo_gpu_plan(cfg, ["0", "1", "2"])
     assert grpo_gpu_plan(cfg, []) is None  # no GPUs: nothing to place
+
+
+def test_the_8b_config_fits_four_80_gb_gpus_colocated_and_says_what_does_not(tiny_policy):
+    from forge.engines.titan.checkpoint_model import model_settings, parameter_count
+    from forge.engines.titan.flavors import resolve_model_args
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "grpo" / "qwen3_8b.yaml"
+    cfg = load_config(GRPOConfig, config, [f"policy_path={tiny_policy}", "dataset.path=prompts.jsonl"])
+    settings = model_settings(resolve_model_args("qwen3", "8B"))  # Qwen3-8B's shape
+    assert 8.1e9 < parameter_count(settings) < 8.3e9
+    request = placement_request(cfg, settings)
+    assert 30 < request.trainer_gib < 31  # a quarter of float32 weights, gradients and AdamW moments
+    plan = plan_gpus(request, Machine(4, memory_gib=79.6))  # an H100's 81,559 MiB
+    assert (plan.slots[TRAINER_GROUP], plan.slots[GENERATOR_GROUP]) == ([[0, 1, 2, 3]], [[0], [1], [2], [3]])
+    # On 4 GPUs of 40 GB the trainer's quarter and vLLM's share do not fit.
+    with pytest.raises(PlacementError, match=r"GPU 0 \(40 GiB\) cannot hold"):
+        plan_gpus(request, Machine(4, memory_gib=40))
+    # The 8-GPU variant its comment gives.
+    eight = load_config(
+        GRPOConfig,
+        config,
+        [
+            f"policy_path={tiny_policy}",
+            "dataset.path=prompts.jsonl",
+            "trainer.procs=8",
+            "generator.replicas=8",
+            "rollout.threads=16",
+        ],
+    )
+    plan = plan_gpus(placement_request(eight, settings), Machine(8, memory_gib=79.6))
+    assert plan.slots[GENERATOR_GROUP] == [[i] for i in range(8)]

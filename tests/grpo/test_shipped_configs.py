@@ -63,6 +63,16 @@ EXTRA = {
         "generator.update_mode=in_flight",
     ],
     "grpo/your_model_cpu.yaml": ["dataset.path={prompts}", "dataset.eval_path={prompts}"],
+    # Its 4 trainer ranks and 4 vLLM replicas halved for 2 CPU cores: still an FSDP trainer, a
+    # service of generators and prompts split over them.
+    "grpo/qwen3_8b.yaml": [
+        "dataset.path={prompts}",
+        "dataset.eval_path={prompts}",
+        "trainer.procs=2",
+        "generator.replicas=2",
+        "rollout.threads=2",
+        "rollout.prompts_per_step=1",
+    ],
     # One task whose questions fit the tiny model's 64 positions, no system prompt, and every
     # group recorded for check_reasoning_gym_run ({{ }}: these strings go through str.format).
     "grpo/reasoning_gym.yaml": [
@@ -116,7 +126,7 @@ STEP_METRICS = (
 
 
 # Configs made for GPUs whose generator resolves to vLLM there (engine auto).
-VLLM_ON_GPU = {"grpo/qwen3_1_7b.yaml"}
+VLLM_ON_GPU = {"grpo/qwen3_1_7b.yaml", "grpo/qwen3_8b.yaml"}
 
 
 @pytest.mark.parametrize("name", shipped("grpo"))

@@ -1,4 +1,7 @@
-"""Generator and trainer agree after a weight sync; stale episodes give real off-policy ratios."""
+"""Generator and trainer agree after a weight sync; stale episodes give real off-policy ratios.
+A sharded trainer publishes without gathering: two FSDP ranks (gloo) each put their own rows
+in their own shared-memory slots, and two generator replicas each assemble the whole version
+from both, checksummed against the trainer's, and then sample exactly the trainer's policy."""
 
 import asyncio
 
@@ -12,6 +15,7 @@ from forge.data.tokenizer import embedded_tokenizer
 from forge.data.types import Episode
 from forge.engines.titan.config import TitanEngineConfig
 from forge.rl.batch import PolicyBatch
+from forge.weight_sync import IpcTransport
 
 PROMPTS = ["12+34=", "7+8=", "55+5=", "9+90=", "3+4=", "61+20="]
 
@@ -75,6 +79,62 @@ def test_parity_after_sync_and_off_policy_ratios(tiny_policy):
             batch = PolicyBatch.from_episodes(stale, pad_id=0)
             trainer_logprobs = await trainer.compute_logprobs.call_one(batch.tokens, batch.target_ids)
             assert max_masked_diff(trainer_logprobs, batch.generator_logprobs, batch.loss_mask) > 1e-3
+        finally:
+            await store.shutdown()
+            await shutdown()
+
+    asyncio.run(main())
+
+
+def test_two_fsdp_ranks_publish_their_rows_and_two_replicas_get_the_whole_policy(tiny_policy):
+    engine = TitanEngineConfig.model_validate(
+        {
+            "model": {"flavor": "tiny", "hf_path": str(tiny_policy), "vocab_size": len(embedded_tokenizer())},
+            "training": {"seq_len": 64},
+            "optimizer": {"lr": 0.05},
+            "parallelism": {"data_parallel_shard_degree": 2},
+        }
+    )
+    generator_config = GeneratorConfig(
+        model_path=str(tiny_policy),
+        weight_transport="shm",
+        verify_weights=True,
+        sampling={"max_tokens": 6, "seed": 0},
+    )
+
+    async def main():
+        await store.initialize()
+        trainer = await TitanTrainer.options(procs=2).as_actor(
+            engine, LossConfig(name="grpo"), weight_transport="shm", verify_weights=True
+        )
+        generators = await Generator.options(num_replicas=2).as_service(generator_config)
+        try:
+            sampled = episodes_from((await generators.generate_batch.fanout(PROMPTS, n=4))[0])
+            started = PolicyBatch.from_episodes(sampled, pad_id=0)
+            half = len(sampled) // 2
+            await trainer.train_step.call(
+                [PolicyBatch.from_episodes(e, pad_id=0) for e in (sampled[:half], sampled[half:])]
+            )
+            await trainer.push_weights.call(1)
+            await trainer.wait_published.call()
+            # Version 1 is each rank's rows: the embedding's first half from rank 0, the rest from rank 1.
+            handle = await store.get_object(1, IpcTransport.PREFIX)
+            vocab = len(embedded_tokenizer())
+            assert [part.first_rows["model.embed_tokens.weight"] for part in handle.parts] == [
+                0,
+                -(-vocab // 2),
+            ]
+            # Each replica loads it, its checksum compared with the trainer's (a mismatch raises).
+            await generators.update_weights.fanout(1)
+            for replica_samples in await generators.generate_batch.fanout(PROMPTS, n=4):
+                fresh = episodes_from(replica_samples)
+                assert {e.policy_version for e in fresh} == {1}
+                batch = PolicyBatch.from_episodes(fresh, pad_id=0)
+                ranks = await trainer.compute_logprobs.call(batch.tokens, batch.target_ids)
+                trained = next(iter(ranks.values()))
+                assert max_masked_diff(trained, batch.generator_logprobs, batch.loss_mask) < 1e-4
+                # The comparison can fail: these are not the logprobs the replicas started with.
+                assert max_masked_diff(trained, started.generator_logprobs, started.loss_mask) > 1e-3
         finally:
             await store.shutdown()
             await shutdown()

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from forge.store.cuda_ipc import IpcPublisher, IpcReceiver, StaleSlotError
+from forge.store.cuda_ipc import IpcPublisher, IpcReceiver, PartsHandle, RowsHandle, StaleSlotError
 from forge.weight_sync import checksum, resolve_transport
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="shm weights need Linux memfd")
@@ -28,7 +28,7 @@ def read_in_child(connection) -> None:
     into = {name: torch.empty_like(t) for name, t in weights(0.0).items()}
     while (handle := connection.recv()) is not None:
         try:
-            receiver.receive(handle, into)
+            receiver.receive(PartsHandle.whole(handle), into)
             connection.send(checksum(into))
         except StaleSlotError as error:
             connection.send(str(error))
@@ -61,3 +61,29 @@ def test_auto_takes_shared_memory_on_one_cpu_host_and_the_store_across_hosts():
     assert resolve_transport("auto", one_host=True) == expected_one_host
     assert resolve_transport("auto", one_host=False) == "store"
     assert resolve_transport("store") == "store"
+
+
+def test_row_pieces_of_two_publishers_make_the_whole_version_and_its_checksum():
+    """Two ranks of a sharded trainer each publish their rows (the norm is the first rank's
+    alone); the reader puts each piece in its rows; the pieces' checksums sum to the whole's;
+    pieces that leave a gap or overlap are refused."""
+    whole = weights(3.0)
+    ranks = [
+        (
+            {"embed.weight": whole["embed.weight"][:12], "norm.weight": whole["norm.weight"]},
+            {"embed.weight": 0, "norm.weight": 0},
+        ),
+        ({"embed.weight": whole["embed.weight"][12:]}, {"embed.weight": 12}),
+    ]
+    parts = tuple(RowsHandle(IpcPublisher("cpu").publish(5, tensors), rows) for tensors, rows in ranks)
+    into = {name: torch.zeros_like(t) for name, t in whole.items()}
+    assert IpcReceiver().receive(PartsHandle(5, parts), into) == sum(
+        t.numel() * t.element_size() for t in whole.values()
+    )
+    assert all(torch.equal(into[name], whole[name]) for name in whole)
+    assert sum(checksum(tensors, first_rows=rows) for tensors, rows in ranks) == checksum(whole)
+    gap = RowsHandle(parts[1].handle, {"embed.weight": 13})
+    with pytest.raises(ValueError, match=r"'embed.weight': the published pieces \[\(0, 12\), \(13, 21\)\]"):
+        IpcReceiver().receive(PartsHandle(5, (parts[0], gap)), into)
+    with pytest.raises(KeyError, match="missing from it"):
+        IpcReceiver().receive(PartsHandle(5, parts[1:]), into)

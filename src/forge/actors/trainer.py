@@ -18,6 +18,7 @@ from pydantic import model_validator
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.engines.titan.config import TitanEngineConfig
+from forge.engines.titan.row_shards import gather_to_first_rank
 from forge.observability import Reduce, record_metric
 from forge.rl.batch import PolicyBatch
 from forge.weight_sync import WeightPublisher, build_transport
@@ -100,10 +101,18 @@ class TitanTrainer(ForgeActor):
         """Publishes the current weights (HF names) as `version`: returns once they are copied,
         the store transfer goes on in the background (`wait_published` waits for it)."""
         dtype = getattr(torch, self.weights_dtype) if self.weights_dtype else None
-        state_dict = self.engine.hf_state_dict(dtype)  # a collective: every rank gathers
+        started = time.perf_counter()
+        shards = self.engine.hf_row_shards(dtype) if self.publisher.publishes_rows else None
+        if shards is not None:  # each rank its own rows, in its own slots: nothing gathered
+            part = await self.publisher.stage_rows(version, shards.tensors, shards.first_rows)
+            parts = gather_to_first_rank(part)  # a collective of small handles
+            if self.rank == 0:
+                await self.publisher.publish_parts(version, parts)
+        else:
+            state_dict = self.engine.hf_state_dict(dtype)  # a collective: every rank gathers
+            if self.rank == 0:
+                await self.publisher.publish(version, state_dict)
         if self.rank == 0:
-            started = time.perf_counter()
-            await self.publisher.publish(version, state_dict)
             record_metric("trainer/push_weights_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
 
     @endpoint

@@ -4,6 +4,6 @@ against bad values and starvation, and actor faults turned into clear errors.
 Written for the GRPO app's loops, over actor handles, with no loop of its own.
 """
 
-from forge.runs.errors import RunStopped
+from forge.runs.errors import ActorFailed, RunStopped
 
-__all__ = ["RunStopped"]
+__all__ = ["ActorFailed", "RunStopped"]

@@ -73,6 +73,14 @@ class Progress:
     history: dict[str, list] = field(default_factory=lambda: {"eval_accuracy": []})
     # On restore: the policy versions of the episodes the buffer holds again.
     buffered_versions: list[int] = field(default_factory=list)
+    # Whether it came from a checkpoint (a resume with none starts at step 0).
+    restored: bool = False
+
+    @property
+    def last_kept_step(self) -> int:
+        """The last step whose metric rows and records a resume keeps: the checkpoint's, or
+        none (-1) without one (they were logged by an attempt that saved nothing)."""
+        return self.step if self.restored else -1
 
 
 @dataclass
@@ -175,15 +183,21 @@ class RunCheckpointer:
             )
         return None
 
-    def check_start(self, resume: bool) -> None:
+    def check_start(self, resume: bool | str) -> None:
         """A run that does not resume must not mix its checkpoints with another run's; one that
-        does needs an intact checkpoint when there are any (checked before actors start, so
-        that it fails in seconds; `resume` checks again what it loads)."""
+        does (`true`, or `auto`) needs an intact checkpoint when there are any, and with `true`
+        at least one (checked before actors start, so that it fails in seconds; `resume`
+        checks again what it loads)."""
         existing = self.complete()
         if existing and not resume:
             raise ValueError(
                 f"{self.root} already holds checkpoints (newest: {existing[-1].name}): pass resume=true "
                 "to continue that run, or choose another output_dir"
+            )
+        if resume is True and not existing:
+            raise ValueError(
+                f"resume=true, but {self.root} holds no checkpoint to continue from: use resume=auto to "
+                "continue when there is one and start otherwise, or leave resume out"
             )
         if resume:
             self.newest_intact(warn=False)
@@ -243,19 +257,19 @@ class RunCheckpointer:
                 actors.generator, "load_rng_state", actors.generator_deadline_s, state["rng"]["generator"]
             )
         buffered = [episode.policy_version for episode in state["replay_buffer"]["episodes"]]
-        return Progress(state["step"], state["version"], state["history"], buffered)
+        return Progress(state["step"], state["version"], state["history"], buffered, restored=True)
 
     async def resume(self, actors: RunActors, publish, metrics_path: str | None) -> Progress:
         """`restore` from the newest intact checkpoint (a fresh `Progress` when there is none),
-        then `publish(version)` of the restored weights; drops the metric rows logged after it."""
+        then `publish(version)` of the restored weights; drops the metric rows logged after it
+        (all of them without a checkpoint: `Progress.last_kept_step`)."""
         path = self.newest_intact()
-        if path is None:
-            return Progress()
-        progress = await self.restore(path, actors)
-        await publish(progress.version)
+        progress = Progress() if path is None else await self.restore(path, actors)
+        if path is not None:
+            await publish(progress.version)
+            logger.info("resumed from %s", path)
         if metrics_path:
-            drop_metrics_after(Path(metrics_path), progress.step)
-        logger.info("resumed from %s", path)
+            drop_metrics_after(Path(metrics_path), progress.last_kept_step)
         return progress
 
 

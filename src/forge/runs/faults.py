@@ -17,7 +17,7 @@ from monarch.actor import ActorError
 
 from forge.controller import supervision
 from forge.controller.liveness import ActorHungError
-from forge.runs.errors import RunStopped
+from forge.runs.errors import ActorFailed, RunStopped
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class FaultWatch:
         return self
 
     def _on_failure(self, actor: str, report: str) -> None:  # from a Monarch thread
-        error = RunStopped(f"actor {actor} died: {_last_line(report)}")
+        error = ActorFailed(f"actor {actor} died: {_last_line(report)}")
         self._loop.call_soon_threadsafe(lambda: self.failed.done() or self.failed.set_exception(error))
 
     def __exit__(self, *exc) -> None:
@@ -59,7 +59,7 @@ def _log_late_failure(actor: str, report: str) -> None:
 def describe_actor_error(error: BaseException) -> RunStopped | None:
     """A `RunStopped` naming the actor for an error raised by an actor call, else None."""
     if isinstance(error, ActorHungError):  # it names the actor already
-        return RunStopped(str(error))
+        return ActorFailed(str(error))
     if not isinstance(error, ActorError | SupervisionError):
         return None
     text = str(error)
@@ -68,7 +68,8 @@ def describe_actor_error(error: BaseException) -> RunStopped | None:
     # describe_failure adds where the actor ran when it is known (a worker host).
     actor = supervision.describe_failure(match.group(1)) if match else ""
     where = f"actor {actor} {how} {match.group(2)}()" if match else f"an actor {how} a call"
-    return RunStopped(f"{where}: {_last_line(text)}")
+    stopped = ActorFailed if isinstance(error, SupervisionError) else RunStopped
+    return stopped(f"{where}: {_last_line(text)}")
 
 
 async def wait_for_loops(main: asyncio.Task, others: list[asyncio.Task]):

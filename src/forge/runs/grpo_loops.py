@@ -33,6 +33,7 @@ from forge.rollout import RolloutCounts, Rollouts, greedy_accuracy, rollout_step
 from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpointer
 from forge.runs.faults import wait_for_loops
 from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
+from forge.runs.restarts import restarts_so_far
 from forge.runs.storage import stop_on_storage_errors
 from forge.staleness import StalenessBound
 
@@ -107,7 +108,7 @@ class GRPOLoops:
             )
             self.bound.restore(progress.version, progress.buffered_versions)
             if self.recorder is not None:  # the steps after the checkpoint are recorded again
-                trim_run_records(self.recorder.path, progress.step)
+                trim_run_records(self.recorder.path, progress.last_kept_step)
         return progress
 
     async def run(self, progress: Progress) -> dict:
@@ -210,6 +211,7 @@ class GRPOLoops:
                 record_metric("eval/accuracy", accuracy, Reduce.MEAN)
                 history["eval_accuracy"].append((step, accuracy))
             record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
+            record_metric("run/restarts", restarts_so_far(), Reduce.MAX)
             row = await self.metric_logger.flush(step)
             display.update(
                 step, step_fields(row, accuracy, time.perf_counter() - started), persist=accuracy is not None

@@ -22,6 +22,11 @@ after its copy, and raises `StaleSlotError` instead of returning a mix of two ve
 Both processes must see the trainer's GPU: the handle names it by UUID, and the reader opens
 it on whichever local index has that UUID (peer access over NVLink when it is not its own).
 
+A sharded trainer (FSDP) publishes without gathering: each rank packs its own rows of each
+tensor into its own slots, and a version's handle (`PartsHandle`) lists every rank's handle
+with the first row of each of its pieces. The reader copies each piece into those rows of its
+buffers, from every rank's GPU in turn; the pieces must tile every tensor exactly.
+
 On CPU the slots are anonymous shared memory (memfd, Linux): the reader maps the trainer's
 file descriptor through /proc, so nothing is left in /dev/shm when the trainer's process ends,
 however it ends. On a tiny model the store path's fixed costs dominate (about 120 ms per pull
@@ -119,6 +124,59 @@ class IpcHandle:
     published_at: float = 0.0  # wall-clock time the trainer started publishing it (one host)
 
 
+@dataclass(frozen=True)
+class RowsHandle:
+    """One publisher's slot holding rows of each tensor: `first_rows[name]` is where its piece
+    of `name` starts in the whole tensor (0 for a whole tensor)."""
+
+    handle: IpcHandle
+    first_rows: dict[str, int]
+
+
+@dataclass(frozen=True)
+class PartsHandle:
+    """One published version: the pieces of every tensor, one `RowsHandle` per publisher."""
+
+    version: int
+    parts: tuple[RowsHandle, ...]
+
+    @classmethod
+    def whole(cls, handle: IpcHandle) -> PartsHandle:
+        """A version published whole by one publisher."""
+        return cls(handle.version, (RowsHandle(handle, {spec.name: 0 for spec in handle.layout.specs}),))
+
+    @property
+    def published_at(self) -> float:
+        return min(part.handle.published_at for part in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(spec.nbytes for part in self.parts for spec in part.handle.layout.specs)
+
+    def check_tiles(self, into: dict[str, torch.Tensor]) -> None:
+        """Raises unless the pieces cover each of `into`'s tensors row for row, once, and
+        nothing else."""
+        pieces: dict[str, list[tuple[int, int]]] = {}
+        for part in self.parts:
+            for spec in part.handle.layout.specs:
+                first = part.first_rows[spec.name]
+                pieces.setdefault(spec.name, []).append((first, first + (spec.shape[0] if spec.shape else 1)))
+        missing, unexpected = sorted(set(into) - set(pieces)), sorted(set(pieces) - set(into))
+        if missing or unexpected:
+            raise KeyError(
+                f"the published weights do not match the receiving state dict: missing from it "
+                f"{missing[:5]}, not published {unexpected[:5]}"
+            )
+        for name, spans in pieces.items():
+            rows = into[name].shape[0] if into[name].dim() else 1
+            covered = sorted(span for span in spans if span[0] != span[1])
+            ends = [0] + [end for _, end in covered]
+            if [start for start, _ in covered] != ends[:-1] or ends[-1] != rows:
+                raise ValueError(
+                    f"'{name}': the published pieces {covered} do not cover its {rows} rows once"
+                )
+
+
 class IpcPublisher:
     """Trainer side: packs each version into one of `slots` shared GPU buffers.
 
@@ -203,12 +261,25 @@ class IpcReceiver:
             self._opened[key] = rebuild_cuda_tensor(*args)
         return self._opened[key]
 
-    def receive(self, handle: IpcHandle, into: dict[str, torch.Tensor]) -> int:
-        """Copies `handle.version` into `into` (same names, shapes, dtypes); returns the bytes moved.
+    def receive(self, handle: PartsHandle, into: dict[str, torch.Tensor]) -> int:
+        """Copies `handle.version` into `into` (same names, dtypes; each piece into its rows);
+        returns the bytes moved.
 
-        Raises `StaleSlotError` when the trainer has already reused the slot: a newer version
+        Raises `StaleSlotError` when a publisher has already reused its slot: a newer version
         is published then, and the caller should read that one instead.
         """
+        handle.check_tiles(into)
+        for part in handle.parts:
+            rows = {
+                spec.name: into[spec.name].narrow(0, part.first_rows[spec.name], spec.shape[0])
+                if spec.shape
+                else into[spec.name]
+                for spec in part.handle.layout.specs
+            }
+            self._receive_slot(part.handle, rows)
+        return handle.nbytes
+
+    def _receive_slot(self, handle: IpcHandle, into: dict[str, torch.Tensor]) -> None:
         handle.layout.check_matches(into)
         remote = self._open(handle)
         # On a stream of its own: a device-wide wait would also wait for whatever else this
@@ -221,7 +292,6 @@ class IpcReceiver:
             if remote.is_cuda:
                 torch.cuda.current_stream(remote.device).synchronize()
             self._check_stamp(remote, handle.version)
-        return sum(s.nbytes for s in handle.layout.specs)
 
     def _stream_for(self, remote: torch.Tensor):
         if not remote.is_cuda:

@@ -11,6 +11,7 @@ the same order (they contain collectives); each rank passes its own share of the
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -49,6 +50,7 @@ from forge.engines.titan.hf import (
 from forge.engines.titan.job_config import build_job_config
 from forge.engines.titan.packing import MicrobatchPlan, PackedRow
 from forge.engines.titan.parallelize import build_parallel_dims, parallelize
+from forge.engines.titan.row_shards import RowShards, hf_names, row_shards
 from forge.engines.titan.runtime import init_runtime
 from forge.engines.titan.scoring_head import ScoringHead
 from forge.engines.titan.throughput import ModelFlops, PhaseTimer, peak_flops, step_throughput
@@ -421,12 +423,25 @@ class TitanEngine:
         if dtype is None:
             titan_sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         else:
-            titan_sd = {
-                # A compiled block is a wrapper whose own names add `_orig_mod`.
-                name.replace("._orig_mod", ""): _gather(t.detach().to(dtype))
-                for name, t in self.model.state_dict().items()
-            }
+            titan_sd = {name: _gather(t.detach().to(dtype)) for name, t in self._titan_state_dict().items()}
         return self.adapter.to_hf(titan_sd)
+
+    def hf_row_shards(self, dtype: torch.dtype | None = None) -> RowShards | None:
+        """This rank's rows of each weight under Hugging Face names, cast to `dtype`: what a
+        sharded trainer publishes without gathering (`forge.engines.titan.row_shards`); None
+        where only whole tensors can be published (tensor parallelism, an adapter that does more
+        than rename)."""
+        if self.parallel_dims.tp_enabled or not self._hf_row_names:
+            return None
+        return row_shards(self._titan_state_dict(), self._hf_row_names, dtype)
+
+    @functools.cached_property
+    def _hf_row_names(self) -> dict[str, str] | None:
+        return hf_names(self.adapter, list(self._titan_state_dict()))
+
+    def _titan_state_dict(self) -> dict[str, torch.Tensor]:
+        # A compiled block is a wrapper whose own names add `_orig_mod`.
+        return {name.replace("._orig_mod", ""): t for name, t in self.model.state_dict().items()}
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor], source: str = "a state dict") -> None:
         """Replace the weights (not the optimizer state) with full tensors under HF names."""

@@ -27,8 +27,9 @@ Columns, means over the steps after the second (the first two include warm-up):
 - train s: the trainer's own step (forward, backward, optimizer);
 - wait batch / sync wait: what the training loop waited for per step (a batch; its weight
   publish); load ms: vLLM's in-place load of a version; ready ms: from the trainer starting
-  a publish to the generator sampling with it (one host: the CUDA IPC handle carries the time);
-  these two are medians (the second version's load also checks the copy plan, once);
+  a publish to the generator sampling with it (one host: the CUDA IPC handle carries the time),
+  over the replicas; last ready ms: the same for the last replica to be ready;
+  these three are medians (the second version's load also checks the copy plan, once);
 - GPU util %: mean over the timed steps; GPU mem GiB: peak over the run, per GPU.
 - tok/s/GPU: tok/s over the GPUs the run used; efficiency: tok/s/GPU over the 1gpu run's.
 """
@@ -257,6 +258,7 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler) -> dict:
         # Medians: the second version's load also checks the copy plan against vLLM's loader.
         "load ms": over_steps("generator/weight_load_ms", statistics.median),
         "ready ms": over_steps("generator/publish_to_ready_ms", statistics.median),
+        "last ready ms": over_steps("generator/publish_to_ready_max_ms", statistics.median),
         "sleep+wake ms": over_steps("generator/sleep_ms") + over_steps("generator/wake_ms"),
         **gpu.summary(previous["time"], timed[-1]["time"]),
     }

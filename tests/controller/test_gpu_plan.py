@@ -11,7 +11,8 @@ from forge.controller.gpu_plan import (
     PlacementRequest,
     plan_gpus,
 )
-from forge.controller.provisioner import Provisioner, ProvisionerConfig, _MeshRecord
+from forge.controller.gpu_pool import GpuPool
+from forge.controller.provisioner import Provisioner, ProvisionerConfig
 
 
 def slots(plan):
@@ -114,22 +115,32 @@ def test_memory_that_a_gpu_cannot_hold_is_refused():
     plan_gpus(colocated, Machine(1))
 
 
-def test_provisioner_hands_each_replica_its_slot_and_a_replacement_the_slot_left(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+def test_the_pool_hands_each_replica_its_slot_and_a_replacement_the_slot_left():
     plan = plan_gpus(PlacementRequest(trainer_procs=2, generator_replicas=2, colocate=False), Machine(4))
-    provisioner = Provisioner(ProvisionerConfig(), plan=plan)
-    taken = {}
-    for name, group, procs in [
-        ("trainer", TRAINER_GROUP, 2),
-        ("reference", TRAINER_GROUP, 2),
-        ("gen0", GENERATOR_GROUP, 1),
-        ("gen1", GENERATOR_GROUP, 1),
-    ]:
-        taken[name] = provisioner._gpus_for(procs, name, group)
-        provisioner._meshes.append(_MeshRecord(None, name, taken[name], group))
+    pool = GpuPool(["4", "5", "6", "7"], plan)  # the GPUs as CUDA_VISIBLE_DEVICES names them
+    taken = {
+        "trainer": pool.take(2, "trainer", TRAINER_GROUP),
+        "reference": pool.take(2, "reference", TRAINER_GROUP),
+        "gen0": pool.take(1, "gen0", GENERATOR_GROUP),
+        "gen1": pool.take(1, "gen1", GENERATOR_GROUP),
+    }
     assert taken == {"trainer": ["4", "5"], "reference": ["4", "5"], "gen0": ["6"], "gen1": ["7"]}
-    provisioner._meshes = [r for r in provisioner._meshes if r.name != "gen0"]  # replica 0 died
-    assert provisioner._gpus_for(1, "gen0-replacement", GENERATOR_GROUP) == ["6"]
+    pool.give_back(taken["gen0"], GENERATOR_GROUP)  # replica 0 died
+    assert pool.take(1, "gen0-replacement", GENERATOR_GROUP) == ["6"]
     # A GPU mesh outside the plan takes what the plan left: nothing here.
     with pytest.raises(RuntimeError, match="all GPUs are taken"):
-        provisioner._gpus_for(1, "classifier", None)
+        pool.take(1, "classifier")
+
+
+def test_colocated_replicas_take_their_slots_in_order_beside_the_trainer():
+    plan = plan_gpus(PlacementRequest(trainer_procs=1, generator_replicas=2, colocate=True), Machine(2))
+    pool = GpuPool(["0", "1"], plan, colocate=True)
+    assert pool.take(1, "trainer", TRAINER_GROUP) == ["0"]
+    assert [pool.take(1, f"gen{i}", GENERATOR_GROUP) for i in range(2)] == [["0"], ["1"]]
+
+
+def test_the_provisioner_takes_its_gpus_from_the_plan(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    plan = plan_gpus(PlacementRequest(trainer_procs=1, generator_replicas=1, colocate=False), Machine(2))
+    provisioner = Provisioner(ProvisionerConfig(), plan=plan)
+    assert provisioner._gpus_for(1, "Generator_0", GENERATOR_GROUP) == ["5"]

@@ -12,6 +12,7 @@ from host_workers import Worker, free_port, make_tls_files, worker_env
 from pydantic import ValidationError
 
 from forge.controller import ProvisionerConfig
+from forge.controller.gpu_pool import GpuPool
 from forge.controller.hosts import AttachedHosts, HostUnreachableError, check_reachable, parse_worker_address
 
 
@@ -87,18 +88,23 @@ def test_a_gpu_group_shares_its_gpus_on_the_same_hosts_and_frees_them_with_its_l
     """The reference model (2 procs a host, group "trainer") on the trainer's GPUs of hosts 0-1;
     GPUs as the workers would report them at attach."""
     hosts = AttachedHosts([f"tcp://h{i}:1" for i in range(3)], ProvisionerConfig().placement_for)
-    hosts.free_gpus = [["0", "1", "2"], ["0", "1", "2"], ["0", "1"]]
+    hosts.pools = [
+        GpuPool(gpus, where=f" on host {i}")
+        for i, gpus in enumerate([["0", "1", "2"], ["0", "1", "2"], ["0", "1"]])
+    ]
     trainer = hosts.take_gpus([0, 1], 2, "TitanTrainer_0", "trainer")
     reference = hosts.take_gpus([0, 1], 2, "ReferenceModel_1", "trainer")
     assert trainer == reference == [["0", "1"], ["0", "1"]]
     assert hosts.free_gpus == [["2"], ["2"], ["0", "1"]]
     # Another span of hosts, or no group: GPUs of their own.
     assert hosts.take_gpus([1, 2], 1, "ReferenceModel_2", "trainer") == [["2"], ["0"]]
-    with pytest.raises(RuntimeError, match="GPU group 'trainer' has \\[2, 2\\] there"):
+    with pytest.raises(
+        RuntimeError, match="needs 3 GPU\\(s\\) on host 0 but its GPU group 'trainer' has 2 there"
+    ):
         hosts.take_gpus([0, 1], 3, "ReferenceModel_3", "trainer")
-    hosts.give_back_gpus([0, 1], trainer)
+    hosts.give_back_gpus([0, 1], trainer, "trainer")
     assert hosts.free_gpus[:2] == [["2"], []]  # still the reference's
-    hosts.give_back_gpus([0, 1], reference)
+    hosts.give_back_gpus([0, 1], reference, "trainer")
     assert hosts.free_gpus[:2] == [["2", "0", "1"], ["0", "1"]]
     # The group's last mesh stopped: a new one takes free GPUs again.
     assert hosts.take_gpus([0, 1], 1, "TitanTrainer_4", "trainer") == [["2"], ["0"]]

@@ -74,3 +74,13 @@ def test_resume_true_needs_a_checkpoint_and_auto_does_not(tmp_path):
         checkpoints.check_start(True)
     checkpoints.check_start("auto")
     checkpoints.check_start(False)
+
+
+def test_ctrl_c_during_the_back_off_ends_the_invocation(app, monkeypatch, capsys):
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(restarts.time, "sleep", interrupted)
+    code, calls, _ = app([ACTOR_FAILED_EXIT], max_restarts=2)
+    assert code == 130 and len(calls) == 1
+    assert "interrupted before the restart" in capsys.readouterr().err

@@ -258,7 +258,10 @@ class Generator(ForgeActor):
         record_metric("generator/version", version, Reduce.MAX)
         record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
         if (published_at := self._puller.last_published_at) is not None:  # one host: one clock
-            record_metric("generator/publish_to_ready_ms", (time.time() - published_at) * 1e3, Reduce.MEAN)
+            ready_ms = (time.time() - published_at) * 1e3
+            record_metric("generator/publish_to_ready_ms", ready_ms, Reduce.MEAN)
+            # With replicas: the last one to be ready, which is what the next rollouts wait for.
+            record_metric("generator/publish_to_ready_max_ms", ready_ms, Reduce.MAX)
         record_metric(
             "generator/weight_sync_bytes",
             sum(t.numel() * t.element_size() for t in self._weights.values()),

@@ -21,12 +21,13 @@ import glob
 import logging
 import os
 import socket
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from monarch.actor import Actor, HostMesh, ProcMesh, attach_to_workers, current_rank, endpoint
 
+from forge.controller.gpu_pool import GpuPool
 from forge.controller.seeding import seed_global_rngs
 
 logger = logging.getLogger(__name__)
@@ -136,12 +137,8 @@ class AttachedHosts:
         self.placement_for = placement_for
         self.mesh: HostMesh | None = None
         self.hostnames: list[str] = []
-        self.free_gpus: list[list[str]] = []
+        self.pools: list[GpuPool] = []
         self._turns: dict[str, int] = defaultdict(int)
-        # GPUs in use, counted per mesh holding them (a GPU group's meshes share theirs), and
-        # the GPUs of each GPU group on each span of hosts.
-        self._holders: Counter[tuple[int, str]] = Counter()
-        self._groups: dict[tuple[str, tuple[int, ...]], list[list[str]]] = {}
 
     async def attach(self, timeout_s: float) -> None:
         check_reachable(self.addresses, timeout_s)
@@ -164,9 +161,12 @@ class AttachedHosts:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(probe.stop(), timeout_s)
         self.hostnames = [w["hostname"] for w in where.values()]
-        self.free_gpus = list(gpus.values())
+        self.pools = [
+            GpuPool(host_gpus, where=f" on host {index} ({address})")
+            for index, (address, host_gpus) in enumerate(zip(self.addresses, gpus.values(), strict=True))
+        ]
         for index, (address, name) in enumerate(zip(self.addresses, self.hostnames, strict=True)):
-            logger.info("attached host %d: %s (%s), GPUs %s", index, address, name, self.free_gpus[index])
+            logger.info("attached host %d: %s (%s), GPUs %s", index, address, name, self.pools[index].gpus)
 
     def hosts_for(self, mesh_name: str, count: int) -> list[int]:
         """The `count` consecutive host indices the next mesh named `mesh_name` goes to."""
@@ -191,52 +191,26 @@ class AttachedHosts:
     def take_gpus(
         self, hosts: list[int], procs: int, name: str, gpu_group: str | None = None
     ) -> list[list[str]]:
-        """`procs` GPUs on each host (none on a host without GPUs): those of `gpu_group` when
-        another live mesh of the group spans the same hosts (the reference model on the
-        trainer's GPUs), else free ones."""
-        shared = self._groups.get((gpu_group, tuple(hosts))) if gpu_group else None
-        if shared is not None:
-            if any(0 < len(gpus) < procs for gpus in shared):
-                raise RuntimeError(
-                    f"mesh '{name}' needs {procs} GPU(s) on each of hosts {hosts} but its GPU group "
-                    f"'{gpu_group}' has {[len(g) for g in shared]} there: lower its procs or leave the group"
-                )
-            taken = [gpus[:procs] for gpus in shared]
-        else:
-            taken = self._take_free_gpus(hosts, procs, name)
-            if gpu_group:
-                self._groups[(gpu_group, tuple(hosts))] = taken
-        self._holders.update((host, gpu) for host, gpus in zip(hosts, taken, strict=True) for gpu in gpus)
+        """`procs` GPUs on each host (none on a host without GPUs), from each host's pool
+        (`forge.controller.gpu_pool`): a sharing group shares GPUs between meshes that span the
+        same hosts (the reference model on the trainer's GPUs)."""
+        taken: list[list[str]] = []
+        try:
+            for host in hosts:
+                taken.append(self.pools[host].take(procs, name, gpu_group, tuple(hosts)))
+        except RuntimeError:
+            self.give_back_gpus(hosts[: len(taken)], taken, gpu_group)
+            raise
         return taken
 
-    def _take_free_gpus(self, hosts: list[int], procs: int, name: str) -> list[list[str]]:
-        for host in hosts:
-            free = self.free_gpus[host]
-            if free and len(free) < procs:
-                raise RuntimeError(
-                    f"mesh '{name}' needs {procs} GPU(s) on host {host} ({self.addresses[host]}) but "
-                    f"only {len(free)} are free there ({','.join(free)})"
-                )
-        taken = [self.free_gpus[h][:procs] for h in hosts]
-        for host in hosts:
-            self.free_gpus[host] = self.free_gpus[host][procs:]
-        return taken
-
-    def give_back_gpus(self, hosts: list[int], gpus: list[list[str]]) -> None:
+    def give_back_gpus(self, hosts: list[int], gpus: list[list[str]], gpu_group: str | None = None) -> None:
         """What `take_gpus` gave a mesh; a GPU is free again once no mesh holds it."""
         for host, given in zip(hosts, gpus, strict=True):
-            for gpu in given:
-                self._holders[(host, gpu)] -= 1
-                if self._holders[(host, gpu)] <= 0:
-                    del self._holders[(host, gpu)]
-                    self.free_gpus[host].append(gpu)
-        self._groups = {
-            key: held
-            for key, held in self._groups.items()
-            if any(
-                (host, gpu) in self._holders for host, gpus in zip(key[1], held, strict=True) for gpu in gpus
-            )
-        }
+            self.pools[host].give_back(given, gpu_group)
+
+    @property
+    def free_gpus(self) -> list[list[str]]:
+        return [pool.free for pool in self.pools]
 
     async def spawn(
         self, hosts: list[int], procs: int, gpus: list[list[str]], name: str, seed: int | None

@@ -8,16 +8,14 @@ the program's other GPUs: a generator can then map the trainer's GPU memory by C
 (`forge.store.cuda_ipc`), which fails when that GPU is hidden from it. With a `seed`, each
 process also seeds its global RNGs first (`forge.controller.seeding`).
 
-GPUs are handed out by the run's placement plan (`forge.controller.gpu_plan`), when it has one:
-a mesh of a planned GPU group (the trainer's, the generator replicas') takes that group's least
-used slot. Otherwise per mesh, or per GPU group: meshes launched with the same `gpu_group` share
-the GPUs of the group's first mesh (the reference model on the trainer's GPUs; or, with
-`colocate`, every model actor on the first GPUs).
+GPUs are handed out by one allocator per host (`forge.controller.gpu_pool`), with the same
+rules on this host and on workers: the run's placement plan's slots (`forge.controller.gpu_plan`,
+this host), `colocate` (this host), the GPUs of a sharing group's first mesh (the reference
+model on the trainer's), else free ones.
 
 Meshes run on this host, or, with `provisioner.hosts`, on the hosts of those workers
-(`python -m forge.worker`; see `forge.controller.hosts`). There GPUs are handed out per host,
-one mesh's own each, except that the meshes of one `gpu_group` on the same hosts share them
-(`colocate` shares GPUs on this host only).
+(`python -m forge.worker`; see `forge.controller.hosts`); there a sharing group shares GPUs
+between meshes that span the same hosts.
 """
 
 from __future__ import annotations
@@ -39,7 +37,8 @@ from pydantic import Field, model_validator
 from forge import monarch_env
 from forge.config import ForgeConfigModel
 from forge.controller import supervision
-from forge.controller.gpu_plan import SLOT_GROUPS, GpuPlan
+from forge.controller.gpu_plan import GpuPlan
+from forge.controller.gpu_pool import GpuPool
 from forge.controller.hosts import HOST_AGENT_NAME, STORE_MESH_NAME, AttachedHosts, parse_worker_address
 from forge.controller.liveness import kill_processes
 from forge.controller.seeding import mesh_seed, seed_global_rngs
@@ -142,12 +141,6 @@ def visible_gpus() -> list[str]:
         return []
 
 
-def _sharing(gpu_group: str | None) -> str | None:
-    """`gpu_group` where its meshes share GPUs; None for a group whose meshes each take their
-    own (the generator replicas', when no plan gives them slots)."""
-    return None if gpu_group in SLOT_GROUPS else gpu_group
-
-
 def _set_process_env(world_size: int, master_port: int, gpus: list[str], seed: int | None) -> None:
     """Runs first in every process of a new mesh (Monarch's bootstrap hook)."""
     rank = current_rank().rank
@@ -170,10 +163,8 @@ class Provisioner:
     ):
         self.cfg = cfg or ProvisionerConfig()
         self.seed = seed
-        self.plan = plan
         self._all_gpus = visible_gpus()
-        planned = {self._all_gpus[i] for i in plan.planned_gpus()} if plan else set()
-        self._free_gpus = [g for g in self._all_gpus if g not in planned]
+        self._pool = GpuPool(self._all_gpus, plan, self.cfg.colocate)
         self._meshes: list[_MeshRecord] = []
         # Stopped before any mesh: what would otherwise react to its meshes stopping (a
         # service's health loop would start replacements for replicas that shutdown stops).
@@ -263,19 +254,15 @@ class Provisioner:
         assert self._hosts is not None
         async with self._lock:
             hosts = self._hosts.hosts_for(name, count)
-            gpus = (
-                self._hosts.take_gpus(hosts, procs, name, _sharing(gpu_group))
-                if with_gpus
-                else [[] for _ in hosts]
-            )
+            gpus = self._hosts.take_gpus(hosts, procs, name, gpu_group) if with_gpus else [[] for _ in hosts]
         try:
             mesh, where = await self._hosts.spawn(hosts, procs, gpus, name, seed)
         except BaseException:
-            self._hosts.give_back_gpus(hosts, gpus)
+            self._hosts.give_back_gpus(hosts, gpus, gpu_group)
             raise
         places = ", ".join(f"host {h} ({self.cfg.hosts[h]})" for h in hosts)
         supervision.describe(name, f"on {places}")
-        return _MeshRecord(mesh, name, hosts=hosts, host_gpus=gpus, where=where)
+        return _MeshRecord(mesh, name, gpu_group=gpu_group, hosts=hosts, host_gpus=gpus, where=where)
 
     def report_placement(self, path: Path) -> str:
         """Writes `placement()` to `path` as JSON and returns it as lines to print."""
@@ -303,53 +290,9 @@ class Provisioner:
         ]
 
     def _gpus_for(self, procs: int, name: str, gpu_group: str | None) -> list[str]:
-        """A planned group's least used slot; else, with `colocate`, the program's first GPUs;
-        else the group's GPUs when another mesh of `gpu_group` holds some; else newly taken ones."""
-        if self.plan is not None and self.plan.slots.get(gpu_group or ""):
-            return self._planned_slot(procs, name, gpu_group)
-        gpu_group = _sharing(gpu_group)
-        if self.cfg.colocate:
-            if procs > len(self._all_gpus):
-                raise RuntimeError(
-                    f"mesh '{name}' needs {procs} GPU(s); this program sees {len(self._all_gpus)}"
-                )
-            return self._all_gpus[:procs]
-        holder = next((r for r in self._meshes if gpu_group and r.gpu_group == gpu_group and r.gpus), None)
-        if holder is None:
-            return self._take_gpus(procs, name)
-        if procs > len(holder.gpus):
-            raise RuntimeError(
-                f"mesh '{name}' needs {procs} GPU(s) but its GPU group '{gpu_group}' has "
-                f"{len(holder.gpus)} ({','.join(holder.gpus)}): lower its procs or leave the group"
-            )
-        return holder.gpus[:procs]
-
-    def _planned_slot(self, procs: int, name: str, gpu_group: str) -> list[str]:
-        """The slot of `gpu_group` that the fewest live meshes of the group hold, the first such:
-        replica i gets slot i, and a dead replica's replacement the slot it left."""
-        slots = [[self._all_gpus[i] for i in slot] for slot in self.plan.slots[gpu_group]]
-        holders = [sum(r.gpu_group == gpu_group and r.gpus == slot for r in self._meshes) for slot in slots]
-        slot = slots[holders.index(min(holders))]
-        if procs > len(slot):
-            raise RuntimeError(
-                f"mesh '{name}' needs {procs} GPU(s) but the placement plan gives its group '{gpu_group}' "
-                f"{len(slot)} ({','.join(slot)})"
-            )
-        return slot
-
-    def _take_gpus(self, procs: int, name: str) -> list[str]:
-        if not self._free_gpus:
-            if not visible_gpus():
-                logger.warning("mesh %s asked for GPUs but this machine has none: running on CPU", name)
-                return []
-            raise RuntimeError(f"mesh '{name}' needs {procs} GPU(s) but all GPUs are taken")
-        if len(self._free_gpus) < procs:
-            raise RuntimeError(
-                f"mesh '{name}' needs {procs} GPU(s) but only {len(self._free_gpus)} are free "
-                f"({','.join(self._free_gpus)}): lower its procs or free GPUs"
-            )
-        gpus, self._free_gpus = self._free_gpus[:procs], self._free_gpus[procs:]
-        return gpus
+        if not self._all_gpus:
+            logger.warning("mesh %s asked for GPUs but this machine has none: running on CPU", name)
+        return self._pool.take(procs, name, gpu_group)
 
     def _record_of(self, mesh: ProcMesh) -> _MeshRecord | None:
         return next((r for r in self._meshes if r.mesh is mesh), None)
@@ -372,10 +315,9 @@ class Provisioner:
         if record is None:
             return
         self._meshes.remove(record)
-        still_used = {g for r in self._meshes for g in r.gpus}
-        self._free_gpus.extend(g for g in record.gpus if g not in still_used and g not in self._free_gpus)
+        self._pool.give_back(record.gpus, record.gpu_group)
         if self._hosts is not None and record.hosts:
-            self._hosts.give_back_gpus(record.hosts, record.host_gpus)
+            self._hosts.give_back_gpus(record.hosts, record.host_gpus, record.gpu_group)
         if record.metrics:
             await unregister_mesh(record.name)
         try:

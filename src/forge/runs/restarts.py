@@ -54,7 +54,11 @@ def run_with_restarts(
         print(
             f"restart {restarts} of {max_restarts} in {wait:g} s, from {start}", file=sys.stderr, flush=True
         )
-        time.sleep(wait)
+        try:
+            time.sleep(wait)
+        except KeyboardInterrupt:  # Ctrl-C between two children: nothing runs to stop
+            print("interrupted before the restart", file=sys.stderr)
+            return 130
 
 
 def _run_child(command: list[str], restarts: int) -> int:

@@ -47,7 +47,7 @@ from forge.runs.checkpoint import Progress, RunCheckpointer
 from forge.runs.checks import check_no_earlier_metrics, check_run_inputs
 from forge.runs.grpo_loops import GRPOActors, GRPOLoops
 from forge.runs.placement import grpo_gpu_plan
-from forge.runs.restarts import ACTOR_FAILED_EXIT, restarts_so_far, run_with_restarts
+from forge.runs.restarts import ACTOR_FAILED_EXIT, run_with_restarts, starts_afresh
 from forge.weight_sync import resolve_transport
 
 
@@ -255,14 +255,6 @@ def stopped(cfg: GRPOConfig, reason: str, code: int = 1) -> NoReturn:
     raise SystemExit(code)
 
 
-def starts_afresh(cfg: GRPOConfig) -> bool:
-    """Whether the run starts at step 0 with no earlier attempt's files to replace: not a
-    resume, nor an `auto` one that finds no checkpoint after a restart (forge.runs.restarts)."""
-    if cfg.resume == "auto":
-        return checkpointer(cfg).latest() is None and not restarts_so_far()
-    return not cfg.resume
-
-
 def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_args(GRPOConfig, argv, description="GRPO training with forge")
@@ -273,16 +265,16 @@ def main(argv: list[str] | None = None) -> dict:
         check_run_inputs(cfg)
         checkpointer(cfg).check_start(cfg.resume)
         plan = grpo_gpu_plan(cfg, visible_gpus() if torch.cuda.is_available() else [])
-        if starts_afresh(cfg):
+        if starts_afresh(cfg.resume, checkpointer(cfg).latest() is not None):
             check_no_earlier_metrics(cfg.metrics.jsonl_path, "metrics.jsonl_path")
     except (FileNotFoundError, ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if cfg.max_restarts:  # this process supervises; the pipeline runs in a child
         arguments = sys.argv[1:] if argv is None else argv
-        newest = checkpointer(cfg).latest
+        latest = checkpointer(cfg).latest
         raise SystemExit(
-            run_with_restarts("apps.grpo.main", arguments, cfg.max_restarts, cfg.restart_backoff_s, newest)
+            run_with_restarts("apps.grpo.main", arguments, cfg.max_restarts, cfg.restart_backoff_s, latest)
         )
     started = time.perf_counter()
     try:

@@ -8,7 +8,7 @@ import pytest
 
 from forge.runs import restarts
 from forge.runs.checkpoint import RunCheckpointer
-from forge.runs.restarts import ACTOR_FAILED_EXIT, RESTARTS_ENV, run_with_restarts
+from forge.runs.restarts import ACTOR_FAILED_EXIT, RESTARTS_ENV, run_with_restarts, starts_afresh
 
 # A stand-in app: records its arguments and restart count, then exits with the status that
 # `statuses` (a JSON list in the file beside it) gives its attempt.
@@ -84,3 +84,11 @@ def test_ctrl_c_during_the_back_off_ends_the_invocation(app, monkeypatch, capsys
     code, calls, _ = app([ACTOR_FAILED_EXIT], max_restarts=2)
     assert code == 130 and len(calls) == 1
     assert "interrupted before the restart" in capsys.readouterr().err
+
+
+def test_a_restart_without_a_checkpoint_replaces_its_earlier_attempt(monkeypatch):
+    assert starts_afresh(False, has_checkpoint=False) and not starts_afresh(True, has_checkpoint=True)
+    assert starts_afresh("auto", has_checkpoint=False)  # a first attempt: earlier files are refused
+    assert not starts_afresh("auto", has_checkpoint=True)
+    monkeypatch.setenv(RESTARTS_ENV, "1")
+    assert not starts_afresh("auto", has_checkpoint=False)  # its rows are dropped and logged again

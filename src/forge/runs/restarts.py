@@ -30,6 +30,14 @@ def restarts_so_far() -> int:
     return int(os.environ.get(RESTARTS_ENV, "0"))
 
 
+def starts_afresh(resume: bool | str, has_checkpoint: bool) -> bool:
+    """Whether a run starts at step 0 with no earlier attempt's files to replace: not a
+    resume, nor an `auto` one that finds no checkpoint after a restart."""
+    if resume == "auto":
+        return not has_checkpoint and not restarts_so_far()
+    return not resume
+
+
 def run_with_restarts(
     app: str,
     argv: list[str],

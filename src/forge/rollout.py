@@ -282,20 +282,29 @@ async def rollout_step(
     return [e.policy_version for e in episodes]
 
 
-async def greedy_accuracy(
+@dataclass
+class EvalScores:
+    """The greedy eval: the share of rows answered with the full reward (1.0), and the mean
+    reward of the rows that got an answer (the one to watch with a shaped reward)."""
+
+    accuracy: float
+    reward_mean: float
+
+
+async def greedy_eval(
     rollouts: Rollouts,
     rows: list[dict],
     scorer: RewardScorer,
     max_tokens: int,
     min_version: int = 0,
     recorder: RolloutRecorder | None = None,
-) -> float:
-    """Fraction of `rows` whose greedy trajectory, by a policy of at least `min_version`, scores
-    1.0 under `scorer` (on the model's last turn); the `recorder` gets every answer, as eval
-    records. A row whose environment failed, or whose score failed (counted by the scorer),
-    counts as not solved."""
+) -> EvalScores:
+    """Each of `rows`' greedy trajectory, by a policy of at least `min_version`, scored by
+    `scorer` (on the model's last turn); the `recorder` gets every answer, as eval records. A
+    row whose environment failed counts as not solved and has no reward; one whose score failed
+    (counted by the scorer) has the scorer's error reward."""
     if not rows:
-        return float("nan")
+        return EvalScores(float("nan"), float("nan"))
     groups = await rollouts.groups(rows, None, min_version, 1, max_tokens=max_tokens, temperature=0.0)
     answered = [(g[0], r["target"]) for g, r in zip(groups, rows, strict=True) if g is not None]
     items = [(*c.final_answer, target) for c, target in answered]
@@ -303,4 +312,5 @@ async def greedy_accuracy(
     scores = [total for total, _ in await asyncio.to_thread(scorer.score_many, items)]
     if recorder is not None:
         recorder.record_eval([c for c, _ in answered], [t for _, t in answered], scores)
-    return sum(s == 1.0 for s in scores) / len(rows)
+    mean = sum(scores) / len(scores) if scores else float("nan")
+    return EvalScores(sum(s == 1.0 for s in scores) / len(rows), mean)

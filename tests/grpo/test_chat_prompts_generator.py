@@ -12,7 +12,7 @@ from forge.controller import shutdown
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.tokenizer import embedded_tokenizer
 from forge.envs.turns import TurnRenderer
-from forge.rollout import Rollouts, greedy_accuracy
+from forge.rollout import Rollouts, greedy_eval
 
 # Role markers and the assistant's turn opened, in characters of the embedded alphabet.
 ROLE_TEMPLATE = (
@@ -38,7 +38,7 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
     config = GeneratorConfig(model_path=str(path), sampling={"max_tokens": 12, "seed": 0})
     eval_prompts = []
 
-    class RecordingScorer:  # what greedy_accuracy asks of a RewardScorer
+    class RecordingScorer:  # what greedy_eval asks of a RewardScorer
         def score_many(self, items):
             eval_prompts.extend(prompt for prompt, _, _ in items)
             return [(0.0, {}) for _ in items]
@@ -49,7 +49,7 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
         try:
             groups = await generator.generate_batch.call_one([MESSAGES, "7+8="], n=2)
             rollouts = Rollouts(generator, TurnRenderer(PromptRenderer(tokenizer, "auto")), max_tokens=12)
-            await greedy_accuracy(
+            await greedy_eval(
                 rollouts, [{"prompt": MESSAGES, "target": "46"}], RecordingScorer(), max_tokens=2
             )
             # One sample key for both calls: the same draws.

@@ -54,6 +54,11 @@ def test_every_eval_from_step_0_is_a_metrics_row_with_wall_time(recorded_run):
     rows = metric_rows(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert [(r["step"], r["eval/accuracy"]) for r in rows] == history["eval_accuracy"]
+    # The mean eval reward is that of the step's recorded eval answers.
+    answers = [r for r in read_records(run_dir / "rollouts.jsonl") if r["eval"]]
+    for row in rows:
+        rewards = [a["reward"] for a in answers if a["step"] == row["step"]]
+        assert rewards and row["eval/reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
     times = [r["time"] for r in rows]
     assert times == sorted(times) and times[-1] - times[0] > 0
 

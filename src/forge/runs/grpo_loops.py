@@ -29,7 +29,7 @@ from typing import Any
 from forge.observability import Reduce, record_metric
 from forge.observability.progress import Progress as ProgressDisplay
 from forge.observability.rollouts import RolloutRecorder, trim_run_records
-from forge.rollout import RolloutCounts, Rollouts, greedy_accuracy, rollout_step, wait_for_room
+from forge.rollout import RolloutCounts, Rollouts, greedy_eval, rollout_step, wait_for_room
 from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpointer
 from forge.runs.faults import wait_for_loops
 from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
@@ -63,6 +63,7 @@ def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, s
     fields = {"reward": shown("rollout/reward", ".3f")}
     if accuracy is not None:
         fields["eval acc"] = f"{accuracy:.3f}"
+        fields["eval reward"] = shown("eval/reward_mean", ".3f")
     fields["policy age"] = shown("buffer/policy_age_mean", ".2f")
     fields["gen"] = shown("generator/tokens_per_s", ".0f", " tok/s")
     fields["sync"] = shown("grpo/weight_sync_ms", ".0f", " ms")
@@ -164,7 +165,8 @@ class GRPOLoops:
         return batch
 
     async def _evaluate(self, version: int) -> float:
-        return await greedy_accuracy(
+        """The eval's accuracy; its scores go to the step's metrics row."""
+        scores = await greedy_eval(
             self.actors.rollouts,
             self.eval_rows,
             self.eval_scorer,
@@ -172,6 +174,9 @@ class GRPOLoops:
             version,
             self.recorder,
         )
+        record_metric("eval/accuracy", scores.accuracy, Reduce.MEAN)
+        record_metric("eval/reward_mean", scores.reward_mean, Reduce.MEAN)
+        return scores.accuracy
 
     async def _training(self, progress: Progress) -> dict:
         """Waits only for a batch; publishing the new weights overlaps the next step."""
@@ -182,10 +187,11 @@ class GRPOLoops:
         display = ProgressDisplay(cfg.max_steps, desc="grpo", initial=progress.step)
         if progress.step == 0 and cfg.eval.every:
             accuracy = await self._evaluate(0)
-            record_metric("eval/accuracy", accuracy, Reduce.MEAN)
-            await self.metric_logger.flush(0)
+            row = await self.metric_logger.flush(0)
             history["eval_accuracy"].append((0, accuracy))
-            display.message(f"step 0 | eval acc {accuracy:.3f} (initial policy)")
+            display.message(
+                f"step 0 | eval acc {accuracy:.3f} | eval reward {row.get('eval/reward_mean', float('nan')):.3f} (initial policy)"
+            )
         version = progress.version
         for step in range(progress.step + 1, cfg.max_steps + 1):
             started = time.perf_counter()
@@ -208,7 +214,6 @@ class GRPOLoops:
             accuracy = None
             if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
                 accuracy = await self._evaluate(version)
-                record_metric("eval/accuracy", accuracy, Reduce.MEAN)
                 history["eval_accuracy"].append((step, accuracy))
             record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
             record_metric("run/restarts", restarts_so_far(), Reduce.MAX)

@@ -263,19 +263,20 @@ def main(argv: list[str] | None = None) -> dict:
         if cfg.rollout.replay_from and not Path(cfg.rollout.replay_from).is_file():
             raise FileNotFoundError(f"rollout.replay_from: no rollout records at {cfg.rollout.replay_from}")
         check_run_inputs(cfg)
-        checkpointer(cfg).check_start(cfg.resume)
+        checkpoints = checkpointer(cfg)
+        checkpoints.check_start(cfg.resume)
         plan = grpo_gpu_plan(cfg, visible_gpus() if torch.cuda.is_available() else [])
-        if starts_afresh(cfg.resume, checkpointer(cfg).latest() is not None):
+        if starts_afresh(cfg.resume, checkpoints.latest() is not None):
             check_no_earlier_metrics(cfg.metrics.jsonl_path, "metrics.jsonl_path")
     except (FileNotFoundError, ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if cfg.max_restarts:  # this process supervises; the pipeline runs in a child
         arguments = sys.argv[1:] if argv is None else argv
-        latest = checkpointer(cfg).latest
-        raise SystemExit(
-            run_with_restarts("apps.grpo.main", arguments, cfg.max_restarts, cfg.restart_backoff_s, latest)
+        code = run_with_restarts(
+            "apps.grpo.main", arguments, cfg.max_restarts, cfg.restart_backoff_s, checkpoints.latest
         )
+        raise SystemExit(code)
     started = time.perf_counter()
     try:
         history = asyncio.run(run(cfg, plan))

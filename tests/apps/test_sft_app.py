@@ -254,25 +254,18 @@ def test_sft_on_your_file_takes_the_tokenizer_of_your_checkpoint(tmp_path):
         "".join(json.dumps({"prompt": f"{a}+1=", "completion": str(a + 1)}) + "\n" for a in range(32))
     )
     run_dir = tmp_path / "run"
-    with contextlib.redirect_stdout(io.StringIO()):
-        main(
-            [
-                "--config",
-                str(TINY_CPU),
-                f"run_dir={run_dir}",
-                "trainer.threads=1",
-                "max_steps=2",
-                "data.batch_size=8",
-                "~data.embedded_task",
-                f"data.path={data}",
-                "data.format=prompt_completion",
-                f"trainer.engine.model.hf_path={source}",
-                "~trainer.engine.model.name",
-                "~trainer.engine.model.flavor",
-                "~generation_eval",
-                "~export_dir",
-            ]
-        )
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows, _ = run_app(
+        run_dir,
+        "max_steps=2",
+        "data.batch_size=8",
+        "~data.embedded_task",
+        f"data.path={data}",
+        "data.format=prompt_completion",
+        f"trainer.engine.model.hf_path={source}",
+        "~trainer.engine.model.name",
+        "~trainer.engine.model.flavor",
+        "~generation_eval",
+        "~export_dir",
+    )
     assert sorted(by_step(rows, "train/loss")) == [1, 2]
     assert (run_dir / "tokenizer" / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()

@@ -26,8 +26,8 @@ class GpuPool:
         self.plan = plan
         self.colocate = colocate
         self.where = where  # for messages: " on host 1 (tls://...)", or "" for this host
-        planned = {self.gpus[i] for i in plan.planned_gpus()} if plan else set()
-        self.free = [g for g in self.gpus if g not in planned]
+        self._planned = {self.gpus[i] for i in plan.planned_gpus()} if plan else set()
+        self.free = [g for g in self.gpus if g not in self._planned]
         self._holders: Counter[str] = Counter()
         self._groups: dict[tuple[str, tuple[int, ...]], list[str]] = {}
         self._slot_use: dict[str, Counter[int]] = {}
@@ -70,7 +70,7 @@ class GpuPool:
             self._holders[gpu] -= 1
             if self._holders[gpu] <= 0:
                 del self._holders[gpu]
-                if gpu in self.free or self._planned(gpu):
+                if gpu in self.free or gpu in self._planned:
                     continue
                 self.free.append(gpu)
         self._groups = {
@@ -80,9 +80,6 @@ class GpuPool:
     @property
     def _host(self) -> str:
         return f"host{self.where}" if self.where else "this program"
-
-    def _planned(self, gpu: str) -> bool:
-        return self.plan is not None and self.gpus.index(gpu) in self.plan.planned_gpus()
 
     def _slots(self, group: str) -> list[list[str]]:
         return [[self.gpus[i] for i in slot] for slot in self.plan.slots[group]]

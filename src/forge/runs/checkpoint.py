@@ -264,8 +264,10 @@ class RunCheckpointer:
         then `publish(version)` of the restored weights; drops the metric rows logged after it
         (all of them without a checkpoint: `Progress.last_kept_step`)."""
         path = self.newest_intact()
-        progress = Progress() if path is None else await self.restore(path, actors)
-        if path is not None:
+        if path is None:
+            progress = Progress()
+        else:
+            progress = await self.restore(path, actors)
             await publish(progress.version)
             logger.info("resumed from %s", path)
         if metrics_path:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from forge.controller.gpu_plan import GpuPlan, Machine, PlacementRequest, plan_gpus
+import torch
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+from forge.controller.gpu_plan import GpuPlan, Machine, PlacementRequest, plan_gpus
 
 
 def policy_settings(model_cfg) -> dict[str, Any]:
@@ -30,7 +30,8 @@ def trainer_state_gib(cfg, settings: dict[str, Any]) -> float:
     copies = 4 + (1 if cfg.use_reference else 0)
     ranks = cfg.trainer.procs * cfg.trainer.hosts
     shards = max(ranks // engine.parallelism.data_parallel_replicate_degree, 1)
-    return parameter_count(settings) * _DTYPE_BYTES[engine.training.dtype] * copies / shards / 2**30
+    itemsize = getattr(torch, engine.training.dtype).itemsize
+    return parameter_count(settings) * itemsize * copies / shards / 2**30
 
 
 def placement_request(cfg, settings: dict[str, Any]) -> PlacementRequest:

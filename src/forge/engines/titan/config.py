@@ -120,7 +120,8 @@ class TrainingConfig(_Section):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the parameters, gradients and optimizer state."""
     mixed_precision_param: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype for the forward/backward (FSDP mixed precision, or autocast without FSDP)."""
+    """Compute dtype for the forward/backward: FSDP's mixed precision, or without FSDP the weights
+    cast to it once per step (``forge.engines.titan.compute_weights``)."""
     compile: bool = False
     activation_checkpoint: Literal["none", "full", "selective"] = "none"
 

@@ -36,6 +36,7 @@ from torchtitan.tools.utils import set_default_dtype
 from forge.engines.titan.attention import rows_metadata, use_document_attention
 from forge.engines.titan.checkpoint import Checkpointer, TrainState, load_dcp, save_dcp
 from forge.engines.titan.checkpoint_model import check_config_agrees, read_checkpoint_model
+from forge.engines.titan.compute_weights import ComputeWeights
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.decoder import TRAIN_SPEC_NAME
 from forge.engines.titan.flavors import resolve_model_args
@@ -164,14 +165,16 @@ class TitanEngine:
         return model
 
     def _compute_context(self) -> contextlib.AbstractContextManager:
-        # FSDP applies mixed precision itself; without it, autocast does (as in torchtitan).
+        """Around every pass of a step or scoring call, backward passes included (activation
+        checkpointing recomputes the forward in them). FSDP applies mixed precision itself;
+        without it, the weights are cast to the compute dtype once, on entry."""
         training = self.config.training
         if (
             training.dtype == "float32"
             and training.mixed_precision_param == "bfloat16"
             and not (self.parallel_dims.fsdp_enabled or self.parallel_dims.tp_enabled)
         ):
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+            return ComputeWeights(self.model, torch.bfloat16).installed()
         return contextlib.nullcontext()
 
     @torch.no_grad()
@@ -265,11 +268,11 @@ class TitanEngine:
                 torch.zeros(target_ids.shape, dtype=torch.bool),
             )
             plan, idle_passes = self._plan(batch, self.config.training.packing, None)
-            for microbatch in plan.on(self.device):
-                with self._compute_context():
+            with self._compute_context():
+                for microbatch in plan.on(self.device):
                     part = self._scores(microbatch.batch, microbatch.packed, temperature)
-                for name in fields:
-                    getattr(scores, name)[microbatch.rows] = getattr(part, name).cpu()
+                    for name in fields:
+                        getattr(scores, name)[microbatch.rows] = getattr(part, name).cpu()
             for _ in range(idle_passes):
                 self._idle_pass(backward=False)
         else:
@@ -326,24 +329,25 @@ class TitanEngine:
         reductions: dict[str, str] = {}
         computed_tokens = 0
         plan, idle_passes = self._plan(batch, scoring and self.config.training.packing, microbatch_size)
-        for part in plan.on(self.device):
-            microbatch, packed = part.batch, part.packed
-            computed_tokens += microbatch.tokens.numel() if packed is None else packed.num_tokens
-            with timer.phase("forward"), self._compute_context():
-                if scoring:
-                    out = loss_fn.from_scores(
-                        self._scores(microbatch, packed, loss_fn.temperature), microbatch
-                    )
-                else:
-                    out = loss_fn(self._logits(microbatch.tokens), microbatch)
-            with timer.phase("backward"):
-                (out.loss * self._grad_scale).backward()
-            reductions.update(out.reductions)
-            for name, value in {"train/loss": out.loss, **out.metrics}.items():
-                # Kept as tensors: one device sync at the end, not one per microbatch.
-                per_microbatch.setdefault(name, []).append(_detached(value))
-        for _ in range(idle_passes):
-            self._idle_pass(backward=True)
+        with self._compute_context():
+            for part in plan.on(self.device):
+                microbatch, packed = part.batch, part.packed
+                computed_tokens += microbatch.tokens.numel() if packed is None else packed.num_tokens
+                with timer.phase("forward"):
+                    if scoring:
+                        out = loss_fn.from_scores(
+                            self._scores(microbatch, packed, loss_fn.temperature), microbatch
+                        )
+                    else:
+                        out = loss_fn(self._logits(microbatch.tokens), microbatch)
+                with timer.phase("backward"):
+                    (out.loss * self._grad_scale).backward()
+                reductions.update(out.reductions)
+                for name, value in {"train/loss": out.loss, **out.metrics}.items():
+                    # Kept as tensors: one device sync at the end, not one per microbatch.
+                    per_microbatch.setdefault(name, []).append(_detached(value))
+            for _ in range(idle_passes):
+                self._idle_pass(backward=True)
         with timer.phase("optimizer"):
             grad_norm = dist_utils.clip_grad_norm_(
                 list(self.model.parameters()), self.config.training.max_norm, foreach=True

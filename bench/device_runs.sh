@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The runs that need several GPUs of one host (issue 28), one per device call on a machine where
-# the core and vLLM wheel sets are installed (bench/RESULTS.md), back to back. Logs land in OUT_DIR.
+# The runs made on the GPU machines, one per device call on a machine where the core and vLLM
+# wheel sets are installed (bench/RESULTS.md), back to back. Logs land in OUT_DIR.
 #
-#   bash bench/multi_gpu_runs.sh RUN OUT_DIR [ARGS...]
+#   bash bench/device_runs.sh RUN OUT_DIR [ARGS...]
 #
+#   app SIZE VARIANTS STEPS [override ...]
+#               bench/gpu_throughput.py on GPU 0 (every actor there), vLLM, the trl preset; keeps
+#               each run's metrics.jsonl, the trainer's profile (trainer.profile_step=N) and the
+#               log with torch.compile's recompiles. On a card under 100 GB, micro-batches of
+#               16k tokens and a 20 GiB KV cache (32k and 32 GiB need about 93 GiB).
 #   scaling SIZE PRESET PLACEMENTS  bench/gpu_throughput.py on the placements (comma-separated,
 #               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, age1-drain, 6 steps
 #   vllm_tp TP  vLLM with tensor_parallel_size=TP: generation, updates, parity (bench/vllm_tp_check.py)
@@ -12,14 +17,35 @@
 #   demo        configs/grpo/gpu_demo.yaml, trainer on GPU 0 and generator on GPU 1
 #   qwen17      configs/grpo/qwen3_1_7b.yaml as shipped, a random 1.7B policy, 10 steps
 set -uo pipefail
-run=${1:?usage: bench/multi_gpu_runs.sh scaling|vllm_tp|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
-out=${2:?usage: bench/multi_gpu_runs.sh RUN OUT_DIR [ARGS...]}
+run=${1:?usage: bench/device_runs.sh app|scaling|vllm_tp|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
+out=${2:?usage: bench/device_runs.sh RUN OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
 PYTHON=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 nvidia-smi -L 2>/dev/null
 case $run in
+    app)
+        size=${1:?app SIZE VARIANTS STEPS} variants=${2:?} steps=${3:?}
+        shift 3
+        memory=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null || echo 0)
+        small=()
+        if [ "$memory" -lt 100000 ]; then
+            small=(trainer.engine.training.microbatch_tokens=16384 generator.vllm.kv_cache_memory_gib=20)
+            echo "a ${memory} MiB card: ${small[*]}"
+        fi
+        TORCH_LOGS=recompiles timeout "${TIME_LIMIT:-3600}" "$PYTHON" bench/gpu_throughput.py --out /tmp/app \
+            --engine vllm --preset trl --sizes "$size" --steps "$steps" --variants "$variants" "${small[@]}" "$@" \
+            > "$out/app.log" 2>&1
+        status=$?
+        for run_dir in /tmp/app/"$size"/run_*; do
+            mkdir -p "$out/${run_dir##*/}"
+            cp -r "$run_dir/metrics.jsonl" "$run_dir/profile" "$out/${run_dir##*/}/" 2>/dev/null
+        done
+        cp /tmp/app/results.json "$out/" 2>/dev/null
+        grep -i "recompil" "$out/app.log" | tail -20
+        tail -30 "$out/app.log"
+        exit $status ;;
     scaling)
         size=${1:?scaling SIZE PRESET PLACEMENTS} preset=${2:?} placements=${3:?}
         shift 3

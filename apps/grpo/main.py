@@ -185,6 +185,8 @@ async def _train(cfg: GRPOConfig) -> dict:
                 keep_weight_versions=cfg.keep_weight_versions,
                 weight_transport=transport,
                 verify_weights=cfg.generator.verify_weights,
+                profile_step=cfg.trainer.profile_step,
+                profile_dir=f"{cfg.output_dir}/profile",
             )
             if cfg.trainer.enabled
             else asyncio.sleep(0),

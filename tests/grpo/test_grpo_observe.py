@@ -5,6 +5,7 @@ One real recorded run (every actor in its own process) is shared by the module.
 """
 
 import asyncio
+import gzip
 import json
 
 import pytest
@@ -45,8 +46,21 @@ def metric_rows(run_dir) -> list[dict]:
 @pytest.fixture(scope="module")
 def recorded_run(grpo_config_factory):
     config = grpo_config_factory()
-    history = main(["--config", str(config)])
+    history = main(["--config", str(config), "trainer.profile_step=2"])
     return config.parent / "run", history
+
+
+def test_the_trainer_profile_covers_its_step_and_the_publish_after_it(recorded_run):
+    run_dir, _ = recorded_run
+    table = (run_dir / "profile" / "trainer_rank0_step2.txt").read_text()
+    ranges = dict(line.split()[:2] for line in table.splitlines() if line.startswith("  forge."))
+    # The window is step 2 and what the trainer did until step 3 began: the publish of version 2.
+    assert set(ranges) == {"forge.train_step", "forge.push_weights"}
+    assert float(ranges["forge.train_step"]) > 0
+    assert "aten::mm" in table  # the engine's operators, recorded on the profiler's thread
+    with gzip.open(run_dir / "profile" / "trainer_rank0_step2.json.gz") as trace:
+        assert json.load(trace)["traceEvents"]
+    assert not (run_dir / "profile" / "trainer_rank0_step1.txt").exists()
 
 
 def test_every_eval_from_step_0_is_a_metrics_row_with_wall_time(recorded_run):

@@ -14,12 +14,14 @@ from typing import Any
 import torch
 from monarch.actor import current_rank, endpoint
 from pydantic import model_validator
+from torch.profiler import record_function
 
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.row_shards import gather_to_first_rank
 from forge.observability import Reduce, record_metric
+from forge.observability.step_profiler import StepProfiler
 from forge.rl.batch import PolicyBatch
 from forge.weight_sync import WeightPublisher, build_transport
 
@@ -49,6 +51,8 @@ class TitanTrainer(ForgeActor):
         keep_weight_versions: int = 2,
         weight_transport: str = "store",
         verify_weights: bool = False,
+        profile_step: int | None = None,
+        profile_dir: str | None = None,
     ):
         self.engine_config = engine
         self.loss_config = loss
@@ -57,6 +61,8 @@ class TitanTrainer(ForgeActor):
         self.keep_weight_versions = keep_weight_versions
         self.weight_transport = weight_transport
         self.verify_weights = verify_weights
+        self.profile_step = profile_step
+        self.profile_dir = profile_dir
 
     @endpoint
     async def setup(self) -> None:
@@ -69,13 +75,19 @@ class TitanTrainer(ForgeActor):
         self.publisher = WeightPublisher(
             self.keep_weight_versions, build_transport(self.weight_transport), verify=self.verify_weights
         )
+        self.profiler = StepProfiler(self.profile_step, self.profile_dir, f"trainer_rank{self.rank}")
 
     @endpoint
     async def train_step(self, batches: list[PolicyBatch]) -> dict[str, float]:
         """One optimizer step; ``batches[r]`` is data-parallel rank r's share (the ranks of a
         tensor-parallel group read the same one)."""
-        # In a thread, so that a background weight publish progresses on the event loop.
-        metrics = await asyncio.to_thread(self.engine.train_step, batches[self.engine.dp_rank], self.loss_fn)
+        self.profiler.step_starts(self.engine.step + 1)
+        batch = batches[self.engine.dp_rank]
+        with record_function("forge.train_step"):
+            if self.profiler.active:  # on the profiler's thread, so that its CPU work is recorded
+                metrics = self.engine.train_step(batch, self.loss_fn)
+            else:  # in a thread, so that a background weight publish progresses on the event loop
+                metrics = await asyncio.to_thread(self.engine.train_step, batch, self.loss_fn)
         if self.rank == 0:
             for key, value in metrics.items():
                 record_metric(key, value, Reduce.MEAN)
@@ -100,6 +112,10 @@ class TitanTrainer(ForgeActor):
     async def push_weights(self, version: int) -> None:
         """Publishes the current weights (HF names) as `version`: returns once they are copied,
         the store transfer goes on in the background (`wait_published` waits for it)."""
+        with record_function("forge.push_weights"):
+            await self._push_weights(version)
+
+    async def _push_weights(self, version: int) -> None:
         dtype = getattr(torch, self.weights_dtype) if self.weights_dtype else None
         started = time.perf_counter()
         shards = self.engine.hf_row_shards(dtype) if self.publisher.publishes_rows else None

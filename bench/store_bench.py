@@ -47,7 +47,7 @@ async def main(sizes: list[int], repeats: int) -> None:
             started = time.perf_counter()
             await store.put_state_dict(version, sd)
             put_s.append(time.perf_counter() - started)
-            get_s.append(await getter.get.call_one(version, size_mb))
+            get_s.append(await getter.get.route(version, size_mb))
             await store.delete(version)
         rows.append(
             (actual_mb, len(sd), actual_mb / min(put_s), actual_mb / min(get_s), min(put_s), min(get_s))

@@ -238,11 +238,11 @@ async def _actor(args, path: Path, engine: str) -> None:
         record(
             args, engine, f"start-up (Generator actor, engine={engine})", time.perf_counter() - started, "s"
         )
-        await generator.generate_batch.call_one(texts, max_tokens=8)  # warm-up
+        await generator.generate_batch.route(texts, max_tokens=8)  # warm-up
         chunk = args.hf_chunk if engine == "hf" else -(-len(texts) // CONCURRENT_CALLS)
         started = time.perf_counter()
         results = await asyncio.gather(
-            *(generator.generate_batch.call_one(texts[i : i + chunk]) for i in range(0, len(texts), chunk))
+            *(generator.generate_batch.route(texts[i : i + chunk]) for i in range(0, len(texts), chunk))
         )
         elapsed = time.perf_counter() - started
         tokens = sum(c.response_len for result in results for group in result for c in group)
@@ -257,7 +257,7 @@ async def _actor(args, path: Path, engine: str) -> None:
             trainer_weights = {n: t * 1.01 for n, t in titan_weights(args, path).items()}
             await store.put_state_dict(1, trainer_weights)
             started = time.perf_counter()
-            await generator.update_weights.call_one(1)
+            await generator.update_weights.route(1)
             record(
                 args,
                 engine,

@@ -216,7 +216,7 @@ async def _train(cfg: GRPOConfig) -> dict:
             drop_truncated=cfg.env is not None and cfg.env.on_truncation == "drop",
             deadline=cfg.generator.deadline,
         )
-        eval_rows = (await dataset.eval_set.call_one())[: cfg.eval.num_prompts]
+        eval_rows = (await dataset.eval_set.route())[: cfg.eval.num_prompts]
         actors = GRPOActors(
             dataset, rollouts, trainer, replay_buffer, reward, advantages, reference, reward_models
         )

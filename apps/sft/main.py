@@ -39,7 +39,6 @@ from forge.recipes.sft import (
     evaluate_loss,
     greedy_exact_match,
     prepare_data,
-    rank_values,
     split_for_ranks,
 )
 from forge.runs.checks import check_no_earlier_metrics
@@ -100,11 +99,11 @@ def check_fresh_start(cfg: SFTConfig) -> None:
 
 async def restore(trainer, loader: SFTDataLoader) -> int:
     """Loads the latest checkpoint, if any, and puts the loader where it was; returns the step."""
-    step = rank_values(await trainer.latest_checkpoint.call())[0]
+    step = await trainer.latest_checkpoint.route()
     if step is None:
         print("resume: no checkpoint yet, starting from step 0")
         return 0
-    extra_state = rank_values(await trainer.load.call())[0]
+    extra_state = await trainer.load.route()
     loader.load_state_dict(extra_state["data"])
     print(f"resume: continuing from the checkpoint of step {step}")
     return step
@@ -145,7 +144,7 @@ async def train(
         for step in range(start + 1, cfg.max_steps + 1):
             started = time.perf_counter()
             batch = next(loader)
-            await trainer.train_step.call(split_for_ranks(batch, dp_size))
+            await trainer.train_step.route(split_for_ranks(batch, dp_size))
             # Tokens the model read (padding included) per second of batching plus training.
             record_metric("train/tokens_per_s", batch["input_ids"].numel() / (time.perf_counter() - started))
             cursor = loader.state_dict()
@@ -154,7 +153,7 @@ async def train(
             if data.eval is not None and (last or (cfg.eval_every and step % cfg.eval_every == 0)):
                 last_eval = await evaluate_loss(trainer, data, eval_batch_size, dp_size)
             if last or (cfg.save_every and step % cfg.save_every == 0):
-                await trainer.save.call({"data": cursor})
+                await trainer.save.route({"data": cursor})
             row = await metric_logger.flush(step)
             progress.update(step, train_fields(row))
             if "eval/loss" in row:
@@ -162,7 +161,7 @@ async def train(
         progress.close()
 
         if cfg.export_dir is not None:
-            await trainer.export_hf.call(str(Path(cfg.export_dir).resolve()), str(prepared.tokenizer_dir))
+            await trainer.export_hf.route(str(Path(cfg.export_dir).resolve()), str(prepared.tokenizer_dir))
             print(f"exported the model to {cfg.export_dir}", flush=True)
         if generation_rows is not None:
             last_eval["eval/greedy_exact_match"] = generation_eval(cfg, generation_rows)

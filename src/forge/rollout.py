@@ -1,13 +1,14 @@
 """One rollout step of GRPO-style training, over actor handles: prompts -> scored episodes.
 
 Kept out of the app so that other recipes (and users' environments) can reuse it; every
-call goes to an actor handle (`call_one`) or a service endpoint (`route`), except the
-reference model's, which goes to all its ranks (`forge.actors.reference.reference_logprobs`).
+call goes to one replica of an actor handle, lone actor or service (`route`), and the reference
+model's is answered by all its ranks (`forge.actors.reference.reference_logprobs`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -19,13 +20,7 @@ import torch
 from forge.actors.environment import ActorEnvironments
 from forge.actors.reference import reference_logprobs
 from forge.controller.liveness import CallDeadline
-from forge.controller.service import (
-    NoHealthyReplicaError,
-    ReplicaFailedError,
-    call_within,
-    routed,
-    session_of,
-)
+from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError
 from forge.data.reward_scoring import RewardScorer
 from forge.data.types import Completion, Episode
 from forge.envs.rollout import TrajectoryLimits, run_groups
@@ -61,9 +56,7 @@ class Rollouts:
     ) -> list[list[Completion] | None]:
         async def generate(prompt_ids, sample_keys, n: int, max_tokens: int, **sampling):
             seconds = self.deadline.seconds(len(prompt_ids) * n * max_tokens)
-            return await call_within(
-                self.generator,
-                "generate_ids",
+            return await self.generator.generate_ids.route_within(
                 seconds,
                 prompt_ids,
                 sample_keys,
@@ -74,7 +67,7 @@ class Rollouts:
             )
 
         # A rollout's trajectories stay on one environment replica: it holds their state.
-        async with session_of(self.envs):
+        async with self.envs.session() if self.envs is not None else contextlib.nullcontext():
             return await run_groups(
                 rows,
                 sample_keys,
@@ -114,7 +107,7 @@ async def score_groups(
     prompts, answers = [p for p, _ in inputs], [a for _, a in inputs]
     targets = [r["target"] for r in rows]
     scores, model_scores = await asyncio.gather(
-        routed(reward.evaluate_groups)(prompts, answers, targets),
+        reward.evaluate_groups.route(prompts, answers, targets),
         score_with_models(reward_models, prompts, answers, targets),
     )
     models_total = reward_models.weighted_total if reward_models is not None else lambda values: 0.0
@@ -125,7 +118,7 @@ async def score_groups(
         ]
         for group, group_scores, group_models in zip(groups, scores, model_scores, strict=True)
     ]
-    values = await routed(advantages.compute_groups)([[total for total, *_ in group] for group in scores])
+    values = await advantages.compute_groups.route([[total for total, *_ in group] for group in scores])
     scored = []
     for row, group, group_scores, group_values in zip(rows, groups, scores, values, strict=True):
         group_id = uuid.uuid4().hex
@@ -208,7 +201,7 @@ async def wait_for_room(
     the episodes that step can no longer use before it counts."""
     started = time.perf_counter()
     waited = False
-    while not await routed(replay_buffer.has_room)(trainer_version() if trainer_version else None):
+    while not await replay_buffer.has_room.route(trainer_version() if trainer_version else None):
         waited = True
         await asyncio.sleep(poll_s)
     if waited:
@@ -246,7 +239,7 @@ async def rollout_step(
     `rollout/truncated_dropped`). The `recorder` gets the groups that entered the buffer.
     """
     counts = counts if counts is not None else RolloutCounts()
-    rows = await routed(dataset.sample_batch)(prompts_per_step)
+    rows = await dataset.sample_batch.route(prompts_per_step)
     try:
         groups = await rollouts.groups(rows, [r["index"] for r in rows], min_version, group_size)
     except (ReplicaFailedError, NoHealthyReplicaError):  # the service is replacing the replica
@@ -276,7 +269,7 @@ async def rollout_step(
         return []
     if reference is not None:
         await add_reference_logprobs(episodes, reference)
-    await routed(replay_buffer.add_many)(episodes)
+    await replay_buffer.add_many.route(episodes)
     if recorder is not None:
         recorder.record_groups(kept)
     return [e.policy_version for e in episodes]

@@ -11,6 +11,7 @@ from forge.controller import (
     ForgeActor,
     NoHealthyReplicaError,
     ProvisionerConfig,
+    Service,
     get_provisioner,
     init_provisioner,
     shutdown,
@@ -67,17 +68,34 @@ def test_actor_options_setup_env_and_shutdown():
         configured = Counter.options(procs=1, mesh_name="counter")
         assert issubclass(configured, Counter) and configured.procs == 1
         actor = await configured.as_actor(10)
-        assert await actor.add.call_one(5) == 15
-        assert await actor.add.call_one(1) == 16
+        assert await actor.add.route(5) == 15
+        assert await actor.add.route(1) == 16
         # The provisioner gives every process a torch.distributed environment.
-        assert await actor.env.call_one("WORLD_SIZE") == "1"
-        assert await actor.env.call_one("RANK") == "0"
-        assert await actor.env.call_one("MASTER_PORT") is not None
-        pid = await actor.pid.call_one()
+        assert await actor.env.route("WORLD_SIZE") == "1"
+        assert await actor.env.route("RANK") == "0"
+        assert await actor.env.route("MASTER_PORT") is not None
+        pid = await actor.pid.route()
+        # A lone actor is a service of one replica that nothing replaces: the same calls work.
+        assert isinstance(actor, Service) and not actor.replaces_failed_replicas
+        assert await actor.add.fanout(1) == [17]
+        async with actor.session():
+            assert await actor.add.route_within(10, 1) == 18
         await Counter.shutdown(actor)
         await _wait_until(lambda: not _alive(pid), 10, "the actor's process to exit")
-        with pytest.raises(ValueError, match="not created by as_actor"):
+        with pytest.raises(ValueError, match="already stopped"):
             await Counter.shutdown(actor)
+        await shutdown()
+
+    run(main())
+
+
+def test_an_actor_on_several_processes_answers_from_rank_0_or_from_every_rank():
+    async def main():
+        pair = await Counter.options(procs=2).as_actor(0)
+        assert await pair.env.route("RANK") == "0"
+        assert await pair.env.route_per_rank("RANK") == ["0", "1"]
+        assert await pair.add.fanout(2) == [2]  # every rank ran it; rank 0 answers for the replica
+        assert await pair.add.route_per_rank(1) == [3, 3]
         await shutdown()
 
     run(main())
@@ -163,12 +181,12 @@ def test_gpus_are_given_out_per_mesh_from_the_users_visible_devices(monkeypatch)
     async def main():
         first = await Counter.options(with_gpus=True, gpu_group="trainer").as_actor(0)
         second = await Counter.options(with_gpus=True).as_actor(0)
-        seen = await first.env.call_one("CUDA_VISIBLE_DEVICES")
+        seen = await first.env.route("CUDA_VISIBLE_DEVICES")
         # Each mesh sees its own GPU first (its cuda:0), then the others (for CUDA IPC).
-        assert {seen, await second.env.call_one("CUDA_VISIBLE_DEVICES")} == {"3,5", "5,3"}
+        assert {seen, await second.env.route("CUDA_VISIBLE_DEVICES")} == {"3,5", "5,3"}
         # A mesh of the same GPU group gets the group's GPU instead of a third one.
         sharing = await Counter.options(with_gpus=True, gpu_group="trainer").as_actor(0)
-        assert await sharing.env.call_one("CUDA_VISIBLE_DEVICES") == seen
+        assert await sharing.env.route("CUDA_VISIBLE_DEVICES") == seen
         with pytest.raises(RuntimeError, match="needs 1 GPU\\(s\\) but all GPUs are taken"):
             await Counter.options(with_gpus=True).as_actor(0)
         with pytest.raises(RuntimeError, match="needs 2 GPU\\(s\\) but its GPU group 'trainer' has 1"):
@@ -178,9 +196,9 @@ def test_gpus_are_given_out_per_mesh_from_the_users_visible_devices(monkeypatch)
             await Counter.options(with_gpus=True).as_actor(0)
         await Counter.shutdown(sharing)
         third = await Counter.options(with_gpus=True).as_actor(0)
-        assert await third.env.call_one("CUDA_VISIBLE_DEVICES") == seen  # a stopped group gives its GPU back
+        assert await third.env.route("CUDA_VISIBLE_DEVICES") == seen  # a stopped group gives its GPU back
         cpu_only = await Counter.as_actor(0)
-        assert await cpu_only.env.call_one("CUDA_VISIBLE_DEVICES") == ""  # no GPU asked for, none visible
+        assert await cpu_only.env.route("CUDA_VISIBLE_DEVICES") == ""  # no GPU asked for, none visible
         await shutdown()
 
     run(main())
@@ -192,7 +210,7 @@ def test_colocate_puts_every_gpu_mesh_on_the_same_gpus(monkeypatch):
     async def main():
         await init_provisioner(ProvisionerConfig(colocate=True))
         meshes = [await Counter.options(with_gpus=True).as_actor(0) for _ in range(3)]
-        assert [await m.env.call_one("CUDA_VISIBLE_DEVICES") for m in meshes] == ["3,5"] * 3
+        assert [await m.env.route("CUDA_VISIBLE_DEVICES") for m in meshes] == ["3,5"] * 3
         await shutdown()
 
     run(main())

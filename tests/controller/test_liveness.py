@@ -12,7 +12,6 @@ from monarch.actor import endpoint
 
 from forge.controller import ForgeActor, ProvisionerConfig, init_provisioner, shutdown
 from forge.controller.liveness import ActorHungError, Probe
-from forge.controller.service import call_within
 
 
 class Worker(ForgeActor):
@@ -44,25 +43,21 @@ async def wait_until(predicate, timeout: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-async def replica_pids(service) -> list[int]:
-    return [await replica.actor.pid.call_one() for replica in service.replicas]
-
-
 def test_a_replica_that_misses_a_deadline_is_killed_replaced_and_its_call_retried():
     async def main():
         await init_provisioner(ProvisionerConfig())
         service = await Worker.options(num_replicas=2).as_service()
         try:
-            first, second = await replica_pids(service)
+            first, second = await service.pid.fanout()
             stopped(first)
             # Round robin reaches the stopped replica within two calls; each call is answered.
-            answers = [await call_within(service, "double", 3.0, n) for n in range(4)]
+            answers = [await service.double.route_within(3.0, n) for n in range(4)]
             assert answers == [0, 2, 4, 6]
             await wait_until(lambda: service.replacements == 1, 30, "the replacement")
             await wait_until(lambda: gone(first), 10, "the hung process to be killed")
             assert not gone(second)
-            assert second in await replica_pids(service)  # the healthy replica stays
-            assert await call_within(service, "double", 3.0, 5) == 10
+            assert second in await service.pid.fanout()  # the healthy replica stays
+            assert await service.double.route_within(3.0, 5) == 10
         finally:
             await shutdown()
 
@@ -74,11 +69,11 @@ def test_an_idle_replica_that_stops_answering_is_found_by_the_probe():
         await init_provisioner(ProvisionerConfig())
         service = await Worker.options(num_replicas=2).as_service(probe=Probe(every_s=0.3, timeout_s=1.0))
         try:
-            first, _ = await replica_pids(service)
+            first, _ = await service.pid.fanout()
             stopped(first)  # no call is made: only the probe can find it
             await wait_until(lambda: service.replacements == 1, 30, "the probe to replace the replica")
             assert gone(first)
-            assert sorted([await call_within(service, "double", 3.0, n) for n in (1, 2)]) == [2, 4]
+            assert sorted([await service.double.route_within(3.0, n) for n in (1, 2)]) == [2, 4]
         finally:
             await shutdown()
 
@@ -90,13 +85,13 @@ def test_a_lone_actor_that_misses_a_deadline_is_killed_and_named():
         await init_provisioner(ProvisionerConfig())
         worker = await Worker.options(mesh_name="lonely").as_actor()
         try:
-            assert await call_within(worker, "double", 3.0, 4) == 8
-            pid = await worker.pid.call_one()
+            assert await worker.double.route_within(3.0, 4) == 8
+            pid = await worker.pid.route()
             stopped(pid)
             with pytest.raises(
                 ActorHungError, match=r"actor lonely_\d+ hung: no answer to double\(\) within 2 s"
             ):
-                await call_within(worker, "double", 2.0, 4)
+                await worker.double.route_within(2.0, 4)
             await wait_until(lambda: gone(pid), 10, "the hung process to be killed")
         finally:
             await shutdown()

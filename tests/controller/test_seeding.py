@@ -19,7 +19,7 @@ class Dice(ForgeActor):
 async def _rolls(seed: int | None, meshes: int) -> list:
     await init_provisioner(seed=seed)
     try:
-        return [await (await Dice.as_actor()).roll.call_one() for _ in range(meshes)]
+        return [await (await Dice.as_actor()).roll.route() for _ in range(meshes)]
     finally:
         await shutdown()
 

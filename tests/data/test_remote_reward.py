@@ -229,12 +229,10 @@ def test_the_reward_actor_scores_with_functions_a_group_function_and_the_server_
     async def run():
         reward = await RewardActor.as_actor(config)
         try:
-            scores = await reward.evaluate_groups.call_one(
-                [["1+1="] * 3, ["3+4="] * 4], responses, ["2", "7"]
-            )
+            scores = await reward.evaluate_groups.route([["1+1="] * 3, ["3+4="] * 4], responses, ["2", "7"])
             server.plan.append("hang")
-            failed = await reward.evaluate_groups.call_one([["1+1="]], [["2"]], ["2"])
-            return scores, failed, await reward.counts.call_one()
+            failed = await reward.evaluate_groups.route([["1+1="]], [["2"]], ["2"])
+            return scores, failed, await reward.counts.route()
         finally:
             await shutdown()
 

@@ -30,7 +30,7 @@ def episode(version: int = 0) -> Episode:
 
 async def never_a_batch(buffer):
     # The trainer is at version 1: the version-0 episodes are evicted as stale.
-    while await buffer.sample.call_one(1) is None:
+    while await buffer.sample.route(1) is None:
         await asyncio.sleep(0.05)
 
 
@@ -41,18 +41,18 @@ def test_a_full_buffer_makes_rollouts_wait_and_a_starving_trainer_stops_with_the
         reward = await RewardActor.as_actor(RewardConfig(timeout_s=None))
         try:
             pop_state()
-            await buffer.add_many.call_one([episode(), episode()])
+            await buffer.add_many.route([episode(), episode()])
             counts = RolloutCounts(groups=3, groups_skipped=2)
             waiting = asyncio.ensure_future(wait_for_room(buffer, counts))
             await asyncio.sleep(1.0)
             assert not waiting.done()  # full: the rollout waits, nothing is refused or dropped
-            assert await buffer.sample.call_one(0) is not None
+            assert await buffer.sample.route(0) is not None
             await asyncio.wait_for(waiting, 30)
             assert counts.waits_for_room == 1
             assert pop_state()["rollout/wait_for_room_s"].value() >= 1.0
 
             # Two episodes of version 0 arrive, but the trainer is at version 1: both go stale.
-            await buffer.add_many.call_one([episode(), episode()])
+            await buffer.add_many.route([episode(), episode()])
             with pytest.raises(RunStopped) as stopped:
                 await wait_for_batch(
                     never_a_batch(buffer),

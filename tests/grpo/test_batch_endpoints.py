@@ -30,10 +30,10 @@ def test_replay_buffer_samples_one_policy_batch_per_rank():
         buffer = await ReplayBuffer.as_actor(ReplayBufferConfig(batch_size=4, seed=0), 0, 2)
         try:
             episodes = [Episode(COMPLETIONS[i % 3], "t", "g", advantage=float(i)) for i in range(4)]
-            await buffer.add.call_one(episodes[0])
-            assert await buffer.sample.call_one(0) is None
-            await buffer.add_many.call_one(episodes[1:])
-            return await buffer.sample.call_one(0)
+            await buffer.add.route(episodes[0])
+            assert await buffer.sample.route(0) is None
+            await buffer.add_many.route(episodes[1:])
+            return await buffer.sample.route(0)
         finally:
             await shutdown()
 

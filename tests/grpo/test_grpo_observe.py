@@ -194,7 +194,7 @@ def test_records_match_the_buffer_episode_for_episode(tiny_policy, tmp_path):
                     recorder=recorder,
                 )
             recorder.close()
-            buffered = (await buffer.state_dict.call_one())["episodes"]
+            buffered = (await buffer.state_dict.route())["episodes"]
             row = await metric_logger.flush(1)
         finally:
             await store.shutdown()

@@ -56,8 +56,9 @@ def flat_values(scored, name: str) -> list[float]:
     return [values[name] for group in scored for values, _ in group]
 
 
-async def pid_of(actor) -> int:
-    return (await actor.process.call_one())[1]
+async def pid_of(handle) -> int:
+    """The process of the replica that `handle`'s next call goes to (its only one here)."""
+    return (await handle.process.route())[1]
 
 
 def test_a_rollout_is_scored_in_batched_calls_and_the_judges_answers_are_kept(classifier, tiny_policy):
@@ -91,9 +92,9 @@ def test_a_replica_that_dies_or_hangs_is_replaced_and_its_call_retried(classifie
         models = await RewardModels.launch(reward_config(classifier, timeout_s=3.0), gpus=False)
         service = models.models[0][1]
         try:
-            os.kill(await pid_of(service.replicas[0].actor), signal.SIGKILL)
+            os.kill(await pid_of(service), signal.SIGKILL)
             died = await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
-            os.kill(await pid_of(service.replicas[0].actor), signal.SIGSTOP)
+            os.kill(await pid_of(service), signal.SIGSTOP)
             hung = await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
             return models, service.replacements, died, hung
         finally:
@@ -189,12 +190,12 @@ def test_a_reward_model_of_the_wrong_kind_is_refused_before_start_up(classifier,
 
 
 class Answers:
-    """An endpoint's `call_one` that returns (or raises) what it is given, in this process."""
+    """An endpoint's `route_within` that returns (or raises) what it is given, in this process."""
 
     def __init__(self, outcome):
         self.outcome = outcome
 
-    async def call_one(self, *args, **kwargs):
+    async def route_within(self, seconds, *args, **kwargs):
         if isinstance(self.outcome, Exception):
             raise self.outcome
         return self.outcome

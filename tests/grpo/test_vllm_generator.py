@@ -57,7 +57,7 @@ def test_concurrent_calls_and_in_place_updates(tiny_policy_hd32):
             done = []
 
             async def call(name, prompts, **sampling):
-                result = await generator.generate_batch.call_one(prompts, **sampling)
+                result = await generator.generate_batch.route(prompts, **sampling)
                 done.append(name)
                 return result
 
@@ -70,25 +70,23 @@ def test_concurrent_calls_and_in_place_updates(tiny_policy_hd32):
 
             # The trainer changes its weights and publishes them as version 1. An update sent
             # while a long call runs waits for it: that call's samples are all version 0.
-            await trainer.train_step.call_one(
-                [PolicyBatch.from_episodes(episodes_from(stale)[:16], pad_id=0)]
-            )
-            await trainer.push_weights.call_one(1)
+            await trainer.train_step.route([PolicyBatch.from_episodes(episodes_from(stale)[:16], pad_id=0)])
+            await trainer.push_weights.route(1)
             running = asyncio.create_task(call("running", PROMPTS * 4, n=4, max_tokens=48))
             await asyncio.sleep(0.3)
-            await generator.update_weights.call_one(1)
+            await generator.update_weights.route(1)
             assert {c.policy_version for group in await running for c in group} == {0}
-            assert await generator.get_version.call_one() == 1
+            assert await generator.get_version.route() == 1
 
             # Later calls sample from exactly the trainer's new distribution...
-            fresh = episodes_from(await generator.generate_batch.call_one(PROMPTS, n=4))
+            fresh = episodes_from(await generator.generate_batch.route(PROMPTS, n=4))
             assert {e.policy_version for e in fresh} == {1}
             batch = PolicyBatch.from_episodes(fresh, pad_id=0)
-            logprobs = await trainer.compute_logprobs.call_one(batch.tokens, batch.target_ids)
+            logprobs = await trainer.compute_logprobs.route(batch.tokens, batch.target_ids)
             assert float(((logprobs - batch.generator_logprobs).abs() * batch.loss_mask).max()) < 1e-4
             # ...which the old samples do not come from.
             batch = PolicyBatch.from_episodes(episodes_from(stale), pad_id=0)
-            logprobs = await trainer.compute_logprobs.call_one(batch.tokens, batch.target_ids)
+            logprobs = await trainer.compute_logprobs.route(batch.tokens, batch.target_ids)
             assert float(((logprobs - batch.generator_logprobs).abs() * batch.loss_mask).max()) > 1e-3
         finally:
             await store.shutdown()

@@ -49,35 +49,35 @@ def test_parity_after_sync_and_off_policy_ratios(tiny_policy):
             GeneratorConfig(model_path=str(tiny_policy), sampling={"max_tokens": 6, "seed": 0})
         )
         try:
-            stale = episodes_from(await generator.generate_batch.call_one(PROMPTS, n=4))
+            stale = episodes_from(await generator.generate_batch.route(PROMPTS, n=4))
             assert {e.policy_version for e in stale} == {0}
 
             # Step 1 is on-policy: the trainer's logprobs equal the generator's, ratio 1.
-            first = await trainer.train_step.call_one([PolicyBatch.from_episodes(stale[:12], pad_id=0)])
+            first = await trainer.train_step.route([PolicyBatch.from_episodes(stale[:12], pad_id=0)])
             assert abs(first["loss/ratio_mean"] - 1.0) < 1e-4 and first["loss/ratio_max"] < 1 + 1e-4
 
             # Step 2 trains on episodes the old policy produced: the ratio sees the change.
-            second = await trainer.train_step.call_one([PolicyBatch.from_episodes(stale[12:], pad_id=0)])
+            second = await trainer.train_step.route([PolicyBatch.from_episodes(stale[12:], pad_id=0)])
             assert abs(second["loss/ratio_mean"] - 1.0) > 1e-3
             assert second["loss/mismatch_kl"] > 1e-6
             assert {"loss/clip_frac_low", "loss/clip_frac_high"} <= second.keys()
 
             # After a sync the generator samples from exactly the trainer's distribution.
-            await trainer.push_weights.call_one(2)
-            await generator.update_weights.call_one(2)
+            await trainer.push_weights.route(2)
+            await generator.update_weights.route(2)
             # A generator that starts now (a replaced replica) loads the newest weights first.
             late = await Generator.as_actor(GeneratorConfig(model_path=str(tiny_policy)))
-            assert await late.get_version.call_one() == 2
-            fresh = episodes_from(await generator.generate_batch.call_one(PROMPTS, n=4))
+            assert await late.get_version.route() == 2
+            fresh = episodes_from(await generator.generate_batch.route(PROMPTS, n=4))
             assert {e.policy_version for e in fresh} == {2}
-            single = await generator.generate.call_one(PROMPTS[0], n=3, max_tokens=2)
+            single = await generator.generate.route(PROMPTS[0], n=3, max_tokens=2)
             assert len(single) == 3 and all(c.policy_version == 2 and c.response_len <= 2 for c in single)
             batch = PolicyBatch.from_episodes(fresh, pad_id=0)
-            trainer_logprobs = await trainer.compute_logprobs.call_one(batch.tokens, batch.target_ids)
+            trainer_logprobs = await trainer.compute_logprobs.route(batch.tokens, batch.target_ids)
             assert max_masked_diff(trainer_logprobs, batch.generator_logprobs, batch.loss_mask) < 1e-4
             # ...and not from the stale one (the comparison above can fail).
             batch = PolicyBatch.from_episodes(stale, pad_id=0)
-            trainer_logprobs = await trainer.compute_logprobs.call_one(batch.tokens, batch.target_ids)
+            trainer_logprobs = await trainer.compute_logprobs.route(batch.tokens, batch.target_ids)
             assert max_masked_diff(trainer_logprobs, batch.generator_logprobs, batch.loss_mask) > 1e-3
         finally:
             await store.shutdown()
@@ -112,11 +112,11 @@ def test_two_fsdp_ranks_publish_their_rows_and_two_replicas_get_the_whole_policy
             sampled = episodes_from((await generators.generate_batch.fanout(PROMPTS, n=4))[0])
             started = PolicyBatch.from_episodes(sampled, pad_id=0)
             half = len(sampled) // 2
-            await trainer.train_step.call(
+            await trainer.train_step.route(
                 [PolicyBatch.from_episodes(e, pad_id=0) for e in (sampled[:half], sampled[half:])]
             )
-            await trainer.push_weights.call(1)
-            await trainer.wait_published.call()
+            await trainer.push_weights.route(1)
+            await trainer.wait_published.route()
             # Version 1 is each rank's rows: the embedding's first half from rank 0, the rest from rank 1.
             handle = await store.get_object(1, IpcTransport.PREFIX)
             vocab = len(embedded_tokenizer())
@@ -130,8 +130,7 @@ def test_two_fsdp_ranks_publish_their_rows_and_two_replicas_get_the_whole_policy
                 fresh = episodes_from(replica_samples)
                 assert {e.policy_version for e in fresh} == {1}
                 batch = PolicyBatch.from_episodes(fresh, pad_id=0)
-                ranks = await trainer.compute_logprobs.call(batch.tokens, batch.target_ids)
-                trained = next(iter(ranks.values()))
+                trained = await trainer.compute_logprobs.route(batch.tokens, batch.target_ids)
                 assert max_masked_diff(trained, batch.generator_logprobs, batch.loss_mask) < 1e-4
                 # The comparison can fail: these are not the logprobs the replicas started with.
                 assert max_masked_diff(trained, started.generator_logprobs, started.loss_mask) > 1e-3

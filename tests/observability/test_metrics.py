@@ -47,7 +47,7 @@ def test_two_processes_and_the_caller_reduce_exactly(tmp_path):
         recorder = await Recorder.as_actor()
         rows = []
         for step in (1, 2):
-            await recorder.record.call(step)
+            await recorder.record.route(step)
             caller_values = [100.0 + step]  # the controller process records too
             for v in caller_values:
                 for reduce in Reduce:

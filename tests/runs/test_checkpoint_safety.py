@@ -46,15 +46,15 @@ def _process_group():
 
 
 class Endpoint:
-    """An actor endpoint's `call` (a value mesh of one rank) and `call_one`, in this process."""
+    """An actor endpoint's `route` and `route_within`, in this process."""
 
     def __init__(self, fn):
         self.fn = fn
 
-    async def call(self, *args):
-        return {"rank 0": self.fn(*args)}
+    async def route(self, *args):
+        return self.fn(*args)
 
-    async def call_one(self, *args):
+    async def route_within(self, seconds, *args):
         return self.fn(*args)
 
 
@@ -82,7 +82,12 @@ def make_actors() -> RunActors:
     buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=2, seed=1))
     cursor = PromptCursor([{"prompt": f"{i}+1=", "target": str(i + 1)} for i in range(10)], seed=2)
     rng = {"python": random.Random(3).getstate(), "torch": torch.Generator().manual_seed(4).get_state()}
-    generator = SimpleNamespace(rng=rng, rng_state=Endpoint(lambda: rng), load_rng_state=Endpoint(rng.update))
+    generator = SimpleNamespace(
+        rng=rng,
+        rng_state=Endpoint(lambda: rng),
+        load_rng_state=Endpoint(rng.update),
+        replaces_failed_replicas=False,  # a lone generator: its RNG is checkpointed
+    )
     return RunActors(Trainer(), stateful(buffer), stateful(cursor), generator)
 
 

@@ -34,10 +34,10 @@ def test_an_exception_in_an_endpoint_and_a_killed_process_name_the_actor():
                 RunStopped, match=r"actor Fragile_\d+ raised in fail\(\): ValueError: bad request"
             ):
                 await wait_for_loops(
-                    asyncio.ensure_future(actor.fail.call_one()), [asyncio.create_task(_idle())]
+                    asyncio.ensure_future(actor.fail.route()), [asyncio.create_task(_idle())]
                 )
 
-            pid = await actor.pid.call_one()
+            pid = await actor.pid.route()
             main = asyncio.create_task(_idle())
             asyncio.get_running_loop().call_later(0.5, os.kill, pid, signal.SIGKILL)
             with pytest.raises(RunStopped, match=r"actor Fragile_\d+ died"):

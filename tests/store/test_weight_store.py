@@ -71,16 +71,16 @@ def test_put_get_delete_across_processes():
         writer = await Writer.as_actor()
         reader = await Reader.as_actor()
         try:
-            numel = await writer.put.call_one(version=1, seed=11)
+            numel = await writer.put.route(version=1, seed=11)
             assert numel > 10_000_000
-            await writer.put.call_one(version=2, seed=22)
+            await writer.put.route(version=2, seed=22)
             assert await store.versions() == [1, 2]
             assert await store.latest_version() == 2
 
-            result = await reader.get_and_compare.call_one(version=2, seed=22)
+            result = await reader.get_and_compare.route(version=2, seed=22)
             assert result == {"identical": True, "in_place": True}
             # Each version keeps its own tensors.
-            assert (await reader.get_and_compare.call_one(version=1, seed=11))["identical"]
+            assert (await reader.get_and_compare.route(version=1, seed=11))["identical"]
 
             await store.delete(1)
             assert await store.versions() == [2]
@@ -89,7 +89,7 @@ def test_put_get_delete_across_processes():
             ):
                 await store.get_state_dict(1)
             # The remaining version is untouched by the deletion.
-            assert (await reader.get_and_compare.call_one(version=2, seed=22))["identical"]
+            assert (await reader.get_and_compare.route(version=2, seed=22))["identical"]
 
             # A receiving buffer of the wrong shape is refused before anything is copied.
             buffers = {k: torch.zeros_like(v) for k, v in make_state_dict(0).items()}
@@ -115,10 +115,8 @@ def test_reader_racing_writer_never_sees_a_partial_version():
         reader = await Reader.as_actor()
         num_tensors, last = 40, 6
         try:
-            polling = asyncio.ensure_future(
-                reader.poll_versions.call_one(until=last, num_tensors=num_tensors)
-            )
-            await writer.put_filled.call_one(list(range(1, last + 1)), num_tensors)
+            polling = asyncio.ensure_future(reader.poll_versions.route(until=last, num_tensors=num_tensors))
+            await writer.put_filled.route(list(range(1, last + 1)), num_tensors)
             seen = await asyncio.wait_for(polling, 120)
             assert seen[-1] == last and seen == sorted(set(seen))
         finally:

@@ -13,7 +13,6 @@ from typing import Any
 from monarch.actor import concurrent_endpoint, endpoint
 
 from forge.controller import ForgeActor
-from forge.controller.service import routed
 from forge.envs.base import EnvStep
 from forge.envs.sessions import EnvFailure, LocalEnvironments, Opening
 
@@ -40,17 +39,17 @@ class EnvironmentActor(ForgeActor):
 
 
 class ActorEnvironments:
-    """``EnvSessions`` over an ``EnvironmentActor`` handle (one actor, or a service whose calls
-    the caller keeps on one replica with ``service.session()``)."""
+    """``EnvSessions`` over an ``EnvironmentActor`` handle (a lone actor, or a service whose
+    calls the caller keeps on one replica with ``handle.session()``)."""
 
     def __init__(self, handle):
         self.handle = handle
 
     async def reset(self, ids: list[str], rows: list[dict]) -> list[Opening | EnvFailure]:
-        return await routed(self.handle.reset)(ids, rows)
+        return await self.handle.reset.route(ids, rows)
 
     async def step(self, ids: list[str], texts: list[str]) -> list[EnvStep | EnvFailure]:
-        return await routed(self.handle.step)(ids, texts)
+        return await self.handle.step.route(ids, texts)
 
     async def close(self, ids: list[str]) -> None:
-        await routed(self.handle.close)(ids)
+        await self.handle.close.route(ids)

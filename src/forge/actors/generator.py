@@ -335,14 +335,9 @@ class Generator(ForgeActor):
 
 
 async def stop_pulling(generator, timeout_s: float = 5.0) -> None:
-    """`Generator.stop_pulling` on an actor or on every replica of a service (a run's end). A
-    generator that died or hangs has no store call to finish: it is not waited for."""
-    from forge.controller.service import Service
-
-    call = (
-        generator.stop_pulling.fanout() if isinstance(generator, Service) else generator.stop_pulling.call()
-    )
+    """`Generator.stop_pulling` on every replica (a run's end). A generator that died or
+    hangs has no store call to finish: it is not waited for."""
     try:
-        await asyncio.wait_for(call, timeout_s)
+        await asyncio.wait_for(generator.stop_pulling.fanout(), timeout_s)
     except Exception as e:
         logger.warning("generator stop_pulling: %s", e or type(e).__name__)

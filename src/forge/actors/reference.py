@@ -51,6 +51,5 @@ class ReferenceModel(ForgeActor):
 
 async def reference_logprobs(reference, completions: list[Completion]) -> list[list[float]]:
     """Per completion, the reference model's logprob of each response token given the tokens
-    before it: one call on all of ``reference``'s ranks (an actor from ``as_actor``)."""
-    shares = await reference.forward.call(completions)
-    return join_shares(shares.values(), len(completions))
+    before it: one call that all of ``reference``'s ranks answer, each for its share."""
+    return join_shares(await reference.forward.route_per_rank(completions), len(completions))

@@ -27,7 +27,7 @@ from forge.actors.reward import RewardConfig, RewardModelConfig
 from forge.controller import ForgeActor
 from forge.controller.gpu_plan import TRAINER_GROUP
 from forge.controller.liveness import ActorHungError
-from forge.controller.service import ReplicaHungError, call_within
+from forge.controller.service import ReplicaHungError
 from forge.data.judge import judge_question
 from forge.observability import Reduce, record_metric
 
@@ -121,14 +121,14 @@ class RewardModels:
         record_metric(f"reward/{m.name}/calls", 1, Reduce.SUM)
         try:
             if m.kind == "classifier":
-                values = await call_within(handle, "score", m.timeout_s, prompts, responses)
+                values = await handle.score.route_within(m.timeout_s, prompts, responses)
                 texts = None
             else:
                 questions = [
                     judge_question(m.template, *item)
                     for item in zip(prompts, responses, targets, strict=True)
                 ]
-                answers = await call_within(handle, "generate_batch", m.timeout_s, questions)
+                answers = await handle.generate_batch.route_within(m.timeout_s, questions)
                 texts = [completions[0].text for completions in answers]
                 values = [m.parse.score(text) for text in texts]
         except (ActorHungError, ReplicaHungError) as e:  # the last replica it tried hung

@@ -1,17 +1,17 @@
 """ForgeActor: the base class of every forge actor, and of users' own actors.
 
 A subclass adds `@endpoint async def ...` methods (and optionally overrides `setup`);
-launching is the class's job:
+launching is the class's job, and both ways give a `Service` handle (forge.controller.service):
 
-    actor = await MyEnv.options(procs=1).as_actor(arg)      # one actor mesh
+    actor = await MyEnv.options(procs=1).as_actor(arg)      # one replica, never replaced
     svc = await MyEnv.options(num_replicas=2).as_service()  # replicas behind a router
+    obs = await actor.reset.route()                         # or svc.reset.route(), .fanout()
     await MyEnv.shutdown(actor)                             # or svc
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import random
 import socket
@@ -19,11 +19,8 @@ from typing import Any
 
 from monarch.actor import Actor, endpoint
 
-from forge.controller import supervision
 from forge.controller.liveness import Probe
-from forge.controller.provisioner import get_provisioner
-
-logger = logging.getLogger(__name__)
+from forge.controller.service import Service
 
 _OPTION_NAMES = ("procs", "hosts", "with_gpus", "gpu_group", "num_replicas", "mesh_name")
 _spawn_counter = itertools.count()
@@ -99,63 +96,25 @@ class ForgeActor(Actor):
         return f"{base}_{next(_spawn_counter)}"
 
     @classmethod
-    async def launch(cls, name: str, *args: Any, **kwargs: Any):
-        """Spawns one actor mesh named `name` and runs its `setup`. Returns (mesh, actor)."""
-        supervision.remember_name(name)
-        provisioner = await get_provisioner()
-        mesh = await provisioner.get_proc_mesh(name=name, **cls._placement())
-        try:
-            actor = mesh.spawn(name, cls._actor_class(), *args, **kwargs)
-            await actor.setup.call()
-            provisioner.note_processes(mesh, list((await actor.process.call()).values()))
-        except BaseException:
-            await provisioner.stop_proc_mesh(mesh)
-            raise
-        return mesh, actor
-
-    @classmethod
-    async def as_actor(cls, *args: Any, **kwargs: Any):
-        """Spawns the actor on its own proc mesh, runs `setup`, returns the actor handle."""
-        name = cls._unique_name()
-        mesh, actor = await cls.launch(name, *args, **kwargs)
-        _meshes_of_actors[id(actor)] = (actor, mesh, name)
-        return actor
+    async def as_actor(cls, *args: Any, **kwargs: Any) -> Service:
+        """Starts a lone actor: one replica on its own proc mesh, which nothing replaces (its
+        death stops the program, see forge.controller.supervision). `setup` has run."""
+        service = Service(cls, args, kwargs, num_replicas=1, replace_failed=False)
+        await service.start()
+        return service
 
     @classmethod
     async def as_service(
         cls, *args: Any, routing: str = "round_robin", probe: Probe | None = None, **kwargs: Any
-    ):
+    ) -> Service:
         """Starts `num_replicas` copies, each on its own mesh, behind one `Service` handle;
-        with `probe`, idle replicas that stop answering are replaced (forge.controller.liveness)."""
-        from forge.controller.service import Service
-
+        a copy that dies is replaced. With `probe`, idle replicas that stop answering are
+        replaced too (forge.controller.liveness)."""
         service = Service(cls, args, kwargs, num_replicas=cls.num_replicas, routing=routing, probe=probe)
         await service.start()
         return service
 
     @classmethod
-    async def shutdown(cls, handle) -> None:
-        """Stops an actor returned by `as_actor` or a service returned by `as_service`."""
-        from forge.controller.service import Service
-
-        if isinstance(handle, Service):
-            await handle.stop()
-            return
-        entry = _meshes_of_actors.pop(id(handle), None)
-        if entry is None:
-            raise ValueError("shutdown(): this handle was not created by as_actor(), or is already stopped")
-        provisioner = await get_provisioner()
-        await provisioner.stop_proc_mesh(entry[1])
-
-
-async def kill_actor(handle) -> str:
-    """Kills the processes of an actor returned by `as_actor` that hung (it is stopped with the
-    others at shutdown); its death is expected, so supervision only logs it. Returns its name."""
-    _, mesh, name = _meshes_of_actors[id(handle)]
-    supervision.register(name, lambda report: logger.info("%s was killed after it hung", name))
-    (await get_provisioner()).kill_proc_mesh(mesh)
-    return name
-
-
-# id(actor handle) -> (handle, mesh, name); the handle is kept so its id cannot be reused.
-_meshes_of_actors: dict[int, tuple[Any, Any, str]] = {}
+    async def shutdown(cls, handle: Service) -> None:
+        """Stops a handle returned by `as_actor` or `as_service`."""
+        await handle.stop()

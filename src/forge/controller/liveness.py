@@ -5,8 +5,8 @@ stopped by a signal, C code holding the GIL. Monarch's supervision sees deaths o
 replica would hold its calls forever. forge bounds the calls whose time it can predict
 (generation: `CallDeadline`, a base plus a time per token the call may sample) and turns a miss
 into a death: the actor's processes are killed (SIGKILL, which a stuck process cannot refuse),
-so that what follows is what follows any death (`forge.controller.service.call_within`). For a
-replica of a `Service` that is the replacement and a retry elsewhere; for a lone actor,
+so that what follows is what follows any death (`route_within`, forge.controller.service). For
+a replica of a service that is the replacement and a retry elsewhere; for a lone actor,
 `ActorHungError`, which stops the run. A service also probes its idle replicas (`Probe`): a
 replica that hangs between calls is found before a call waits on it.
 """

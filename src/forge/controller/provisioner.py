@@ -34,9 +34,9 @@ from monarch.actor import ProcMesh, current_rank, enable_transport, this_host
 from monarch.config import configure
 from pydantic import Field, model_validator
 
+import forge.controller.supervision as supervision
 from forge import monarch_env
 from forge.config import ForgeConfigModel
-from forge.controller import supervision
 from forge.controller.gpu_plan import GpuPlan
 from forge.controller.gpu_pool import GpuPool
 from forge.controller.hosts import HOST_AGENT_NAME, STORE_MESH_NAME, AttachedHosts, parse_worker_address

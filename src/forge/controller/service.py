@@ -1,10 +1,18 @@
 """Services: k replicas of one actor class, each on its own proc mesh, behind one handle.
 
+Every ForgeActor handle is a `Service`. `as_service()` starts `num_replicas` replicas and
+replaces one that dies; `as_actor()` starts a lone actor: one replica that nothing replaces.
+Either is called the same way:
+
     svc = await Policy.options(num_replicas=2).as_service(model_path)
-    out = await svc.generate.route(prompt)        # one replica (round robin or least loaded)
-    outs = await svc.update_weights.fanout(v)     # every healthy replica
-    async with svc.session():                     # calls in here stick to one replica
+    out = await svc.generate.route(prompt)              # one replica (round robin or least loaded)
+    out = await svc.generate.route_within(60, prompt)   # the same, answered within 60 s
+    outs = await svc.update_weights.fanout(v)           # every healthy replica
+    async with svc.session():                           # calls in here stick to one replica
         ...
+    trainer = await Trainer.options(procs=2).as_actor(cfg)
+    loss = await trainer.train_step.route(batch)        # every rank runs it; rank 0 answers
+    shares = await trainer.evaluate.route_per_rank(x)   # every rank's answer, in rank order
 
 When a replica's process dies, Monarch's supervision tells the service (see
 `supervision.py`); the replica is marked unhealthy at once, a request in flight on it is
@@ -14,8 +22,13 @@ left), and the health loop replaces it with a fresh mesh
 replica failure: it propagates and is not retried.
 
 A replica that hangs while alive is made a dead one (forge.controller.liveness): a call made
-with a deadline (`call_within`) that it misses, or a probe of an idle replica that it does not
+with a deadline (`route_within`) that it misses, or a probe of an idle replica that it does not
 answer, has its processes killed, and the above follows.
+
+A lone actor's death is no replica failure: nothing replaces it, so supervision reports it as
+unrecoverable (the program stops, or its `on_unrecoverable` handler decides), and a call on it
+raises Monarch's error unchanged. One that misses a call's deadline is killed, and the call
+raises `ActorHungError`.
 """
 
 from __future__ import annotations
@@ -27,15 +40,14 @@ import functools
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
-from forge.controller import supervision
-from forge.controller.actor import kill_actor
+import forge.controller.supervision as supervision
 from forge.controller.liveness import ActorHungError, Probe
 from forge.controller.provisioner import get_provisioner
+from forge.controller.replica import Replica, launch
 from forge.observability import Reduce, record_metric
 
 logger = logging.getLogger(__name__)
@@ -58,76 +70,50 @@ class NoHealthyReplicaError(RuntimeError):
     pass
 
 
-@dataclass(eq=False)
-class Replica:
-    index: int
-    name: str
-    mesh: Any
-    actor: Any
-    healthy: bool = True
-    inflight: int = 0
-    served: int = 0
-    failures: int = 0
-    probing: bool = False
-    failed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def mark_failed(self, reason: str) -> None:
-        # Both supervision and the failed call report the same death: count it once.
-        if not self.healthy:
-            return
-        logger.warning("replica %s failed: %s", self.name, reason.splitlines()[0] if reason else "")
-        self.healthy = False
-        self.failures += 1
-        self.failed.set()
-
-
 def _replaced_replica_failed(name: str, report: str) -> None:
     logger.info("replica %s, already replaced, ended: %s", name, report.splitlines()[0] if report else "")
 
 
-# Service id -> replica index that calls inside `session()` stick to.
-_sticky: contextvars.ContextVar[dict[int, int] | None] = contextvars.ContextVar("forge_sticky", default=None)
+def _hung_actor_ended(name: str, report: str) -> None:
+    logger.info("%s was killed after it hung", name)
 
 
-def routed(endpoint):
-    """How to call `endpoint` once: `route` for a service's endpoint, `call_one` for an actor's."""
-    return endpoint.route if hasattr(endpoint, "route") else endpoint.call_one
-
-
-async def call_within(handle, endpoint: str, seconds: float, *args: Any, **kwargs: Any) -> Any:
-    """`endpoint(*args, **kwargs)` on an actor or a service, answered within `seconds`. A service
-    replica that misses it is killed and replaced, and the call retried elsewhere; a lone
-    actor that misses it is killed, and `ActorHungError` raised."""
-    if isinstance(handle, Service):
-        return await handle._route(endpoint, args, kwargs, deadline_s=seconds)
-    try:
-        return await asyncio.wait_for(getattr(handle, endpoint).call_one(*args, **kwargs), seconds)
-    except TimeoutError:
-        name = await kill_actor(handle)
-        raise ActorHungError(
-            f"actor {name} hung: no answer to {endpoint}() within {seconds:.0f} s (its process was "
-            "killed); raise the deadline if the call was only slow"
-        ) from None
-
-
-def session_of(handle):
-    """`handle.session()` for a service (calls stick to one replica); nothing for an actor."""
-    return handle.session() if isinstance(handle, Service) else contextlib.nullcontext()
+# Service -> replica index that calls inside its `session()` stick to.
+_sticky: contextvars.ContextVar[dict[Service, int] | None] = contextvars.ContextVar(
+    "forge_sticky", default=None
+)
 
 
 class ServiceEndpoint:
+    """An endpoint of a service's actor class, called on one replica or on every healthy one."""
+
     def __init__(self, service: Service, name: str):
         self._service = service
         self._name = name
 
     async def route(self, *args: Any, **kwargs: Any) -> Any:
+        """The answer of one replica (the routing's choice, or the session's); a replica of
+        several processes runs the call on every rank, and rank 0 answers for it."""
+        return (await self._service._route(self._name, args, kwargs))[0]
+
+    async def route_within(self, seconds: float, /, *args: Any, **kwargs: Any) -> Any:
+        """`route`, answered within `seconds`: a replica that misses it is killed, and replaced
+        with the call retried on another replica; a lone actor raises `ActorHungError`."""
+        return (await self._service._route(self._name, args, kwargs, deadline_s=seconds))[0]
+
+    async def route_per_rank(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """`route`, with the answer of every rank of the replica, in rank order (an actor whose
+        ranks each answer for their own share)."""
         return await self._service._route(self._name, args, kwargs)
 
     async def fanout(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """The answers of every healthy replica (rank 0's of each)."""
         return await self._service._fanout(self._name, args, kwargs)
 
 
 class Service:
+    """The handle of an actor class's replicas: `handle.<endpoint>` is a `ServiceEndpoint`."""
+
     def __init__(
         self,
         actor_cls,
@@ -137,11 +123,14 @@ class Service:
         routing: str = "round_robin",
         health_interval_s: float = 0.2,
         probe: Probe | None = None,
+        replace_failed: bool = True,
     ):
         if routing not in ROUTINGS:
             raise ValueError(f"unknown routing '{routing}'; choose one of {ROUTINGS}")
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if not replace_failed and (num_replicas != 1 or probe is not None):
+            raise ValueError("a service that replaces no replica is a lone actor: one replica, no probe")
         self._cls = actor_cls
         self._args, self._kwargs = args, kwargs
         self._num_replicas = num_replicas
@@ -152,8 +141,11 @@ class Service:
         self._name = actor_cls._actor_class().__name__
         self._rr = itertools.count()
         self.replicas: list[Replica] = []
+        # False: a lone actor (`as_actor`), whose death or hang is the program's to handle.
+        self.replaces_failed_replicas = replace_failed
         self._health_task: asyncio.Task | None = None
         self._stopping = False
+        self._stopped = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.replacements = 0
 
@@ -170,11 +162,14 @@ class Service:
         self.replicas = list(
             await asyncio.gather(*(self._start_replica(i) for i in range(self._num_replicas)))
         )
-        self._health_task = asyncio.create_task(self._health_loop(), name=f"{self._name}-health")
-        (await get_provisioner()).add_supervisor(self.stop)
+        if self.replaces_failed_replicas:
+            self._health_task = asyncio.create_task(self._health_loop(), name=f"{self._name}-health")
+            self._provisioner.add_supervisor(self.stop)
 
     async def _start_replica(self, index: int) -> Replica:
         name = self._cls._unique_name()
+        if not self.replaces_failed_replicas:
+            return await launch(self._cls, index, name, self._args, self._kwargs)
         holder: list[Replica] = []
 
         def on_failure(report: str) -> None:  # called from a Monarch thread
@@ -182,8 +177,7 @@ class Service:
                 self._loop.call_soon_threadsafe(holder[0].mark_failed, report)
 
         supervision.register(name, on_failure)
-        mesh, actor = await self._cls.launch(name, *self._args, **self._kwargs)
-        holder.append(Replica(index, name, mesh, actor))
+        holder.append(await launch(self._cls, index, name, self._args, self._kwargs))
         return holder[0]
 
     async def _health_loop(self) -> None:
@@ -205,7 +199,7 @@ class Service:
     async def _probe_one(self, replica: Replica) -> None:
         replica.probing = True
         try:
-            await asyncio.wait_for(replica.actor.process.call(), self._probe.timeout_s)
+            await asyncio.wait_for(replica.answers("process", (), {}), self._probe.timeout_s)
         except TimeoutError:
             self._hung(replica, f"no answer to a health probe within {self._probe.timeout_s:g} s")
         except Exception:
@@ -239,6 +233,9 @@ class Service:
         self.replacements += 1
 
     async def stop(self) -> None:
+        if self._stopped:
+            raise ValueError(f"shutdown(): this {self._name} handle is already stopped")
+        self._stopped = True
         provisioner = await get_provisioner()
         provisioner.remove_supervisor(self.stop)
         # Not cancelled: a replacement being spawned finishes (Monarch does not take a spawn
@@ -248,8 +245,9 @@ class Service:
             await self._health_task
         for task in list(self._probes):
             task.cancel()
-        for replica in self.replicas:
-            supervision.unregister(replica.name)
+        if self.replaces_failed_replicas:
+            for replica in self.replicas:
+                supervision.unregister(replica.name)
         await asyncio.gather(*(provisioner.stop_proc_mesh(replica.mesh) for replica in self.replicas))
         self.replicas = []
 
@@ -259,7 +257,7 @@ class Service:
     async def session(self):
         """Calls routed inside this block go to one replica (a new one if it dies)."""
         sticky = dict(_sticky.get() or {})
-        sticky.pop(id(self), None)
+        sticky.pop(self, None)
         token = _sticky.set(sticky)
         try:
             yield
@@ -275,7 +273,7 @@ class Service:
     def _choose(self) -> Replica:
         sticky = _sticky.get()
         if sticky is not None:
-            chosen = next((r for r in self.replicas if r.index == sticky.get(id(self)) and r.healthy), None)
+            chosen = next((r for r in self.replicas if r.index == sticky.get(self) and r.healthy), None)
             if chosen is not None:
                 return chosen
         healthy = self._healthy()
@@ -284,12 +282,12 @@ class Service:
         else:
             chosen = healthy[next(self._rr) % len(healthy)]
         if sticky is not None:
-            sticky[id(self)] = chosen.index
+            sticky[self] = chosen.index
         return chosen
 
     async def _route(
         self, endpoint_name: str, args: tuple, kwargs: dict, deadline_s: float | None = None
-    ) -> Any:
+    ) -> list[Any]:
         # A call whose replica fails is retried elsewhere, once per replica: a second replica
         # may fail with the first (a host lost, a shared cause), and a retry then waits for a
         # replacement rather than fail the call.
@@ -319,19 +317,19 @@ class Service:
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, ReplicaFailedError):
                 raise result
-        return [r for r in results if not isinstance(r, ReplicaFailedError)]
+        return [r[0] for r in results if not isinstance(r, ReplicaFailedError)]
 
     async def _call(
         self, replica: Replica, endpoint_name: str, args: tuple, kwargs: dict, deadline_s: float | None = None
-    ) -> Any:
-        endpoint = getattr(replica.actor, endpoint_name)
-        # A multi-process replica runs the call on every rank; rank 0 answers for it.
-        call = endpoint.call_one(*args, **kwargs) if self._cls.procs == 1 else endpoint.call(*args, **kwargs)
+    ) -> list[Any]:
+        """Every rank's answer of `replica`, in rank order."""
+        if not self.replaces_failed_replicas:
+            return await self._call_lone_actor(replica, endpoint_name, args, kwargs, deadline_s)
         key = f"service/{self._name}/replica{replica.index}"
         replica.inflight += 1
         record_metric(f"{key}/queue_depth", replica.inflight, Reduce.MAX)
         started = time.perf_counter()
-        call_task = asyncio.ensure_future(call)
+        call_task = asyncio.ensure_future(replica.answers(endpoint_name, args, kwargs))
         failed_task = asyncio.ensure_future(replica.failed.wait())
         try:
             await asyncio.wait(
@@ -344,7 +342,7 @@ class Service:
                     raise ReplicaHungError(f"replica {replica.name} hung during {endpoint_name}()")
                 raise ReplicaFailedError(f"replica {replica.name} died during {endpoint_name}()")
             try:
-                result = call_task.result()
+                answers = call_task.result()
             except SupervisionError as e:
                 replica.mark_failed(str(e))
                 raise ReplicaFailedError(f"replica {replica.name} died during {endpoint_name}()") from e
@@ -356,9 +354,25 @@ class Service:
             replica.inflight -= 1
         replica.served += 1
         record_metric(f"{key}/latency_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
-        if self._cls.procs != 1:
-            result = next(iter(result.values()))
-        return result
+        return answers
+
+    async def _call_lone_actor(
+        self, replica: Replica, endpoint_name: str, args: tuple, kwargs: dict, deadline_s: float | None
+    ) -> list[Any]:
+        """The call on a replica that nothing replaces: its failure is raised as Monarch raised
+        it, and one that misses `deadline_s` is killed (its death expected: only logged)."""
+        call = replica.answers(endpoint_name, args, kwargs)
+        if deadline_s is None:
+            return await call
+        try:
+            return await asyncio.wait_for(call, deadline_s)
+        except TimeoutError:
+            supervision.register(replica.name, functools.partial(_hung_actor_ended, replica.name))
+            self._provisioner.kill_proc_mesh(replica.mesh)
+            raise ActorHungError(
+                f"actor {replica.name} hung: no answer to {endpoint_name}() within {deadline_s:.0f} s (its "
+                "process was killed); raise the deadline if the call was only slow"
+            ) from None
 
     def stats(self) -> list[dict[str, Any]]:
         return [

@@ -3,8 +3,8 @@
 When a process of a child mesh dies, Monarch reports a `MeshFailure` for each actor
 mesh on it to the root client, whose default reaction is to exit the whole program.
 That is right for a lone actor (the app cannot go on without its trainer), but a service
-replica can be replaced, so services register the names of their replicas' actor meshes
-here and get told instead. An app that wants to stop on its own terms (naming the actor,
+replica can be replaced, so services that replace their replicas register the names of their
+replicas' actor meshes here and get told instead. An app that wants to stop on its own terms (naming the actor,
 saying where to resume from) sets `on_unrecoverable`.
 """
 

@@ -119,7 +119,7 @@ async def replay_training(
     try:
         for step, per_rank in enumerate(batches, start=1):
             started = time.perf_counter()
-            await trainer.train_step.call(
+            await trainer.train_step.route(
                 [PolicyBatch.from_episodes(episodes, pad_id) for episodes in per_rank]
             )
             for episode in (e for episodes in per_rank for e in episodes):

@@ -9,7 +9,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from pydantic import Field, model_validator
@@ -126,11 +125,6 @@ def split_for_ranks(batch: dict[str, torch.Tensor], ranks: int) -> list[PolicyBa
     ]
 
 
-def rank_values(value_mesh) -> list[Any]:
-    """The results of an endpoint called on every rank, in rank order."""
-    return [value for _, value in sorted(value_mesh.items(), key=lambda item: item[0].rank)]
-
-
 async def evaluate_loss(trainer, data: SFTData, batch_size: int, ranks: int) -> dict[str, float]:
     """Token-weighted loss, token accuracy and perplexity over the whole eval split; also
     recorded as metrics (``eval/...``).
@@ -142,7 +136,7 @@ async def evaluate_loss(trainer, data: SFTData, batch_size: int, ranks: int) -> 
     tokens = loss_sum = correct_sum = 0.0
     for batch in eval_batches(data.eval, batch_size=batch_size, pad_id=data.pad_id):
         shares = split_for_ranks(batch, ranks)
-        results = rank_values(await trainer.evaluate.call(shares))
+        results = await trainer.evaluate.route_per_rank(shares)
         for metrics, share in zip(results[:: len(results) // ranks], shares, strict=True):
             count = float(share.loss_mask.sum())
             tokens += count

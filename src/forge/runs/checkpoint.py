@@ -38,7 +38,6 @@ import torch
 from pydantic import Field
 
 from forge.config import ForgeConfigModel
-from forge.controller.service import Service, call_within
 from forge.data.types import Completion, Episode, Turn
 from forge.engines.titan.checkpoint import safe_load
 from forge.observability.backends import drop_metrics_after
@@ -129,10 +128,6 @@ class RolloutPause:
             self._open.set()
 
 
-def _rank0(value_mesh) -> Any:
-    return next(iter(value_mesh.values()))
-
-
 class RunCheckpointer:
     def __init__(self, root: str | os.PathLike, keep: int):
         self.root = Path(root)
@@ -209,13 +204,13 @@ class RunCheckpointer:
         for leftover in self.root.glob(f"step_*{_TMP_SUFFIX}"):  # of a save that was killed
             shutil.rmtree(leftover)
         tmp.mkdir()
-        await actors.trainer.save_to.call(str((tmp / TRAINER_DIR).resolve()))
+        await actors.trainer.save_to.route(str((tmp / TRAINER_DIR).resolve()))
         state = {
             "step": progress.step,
             "version": progress.version,
             "history": progress.history,
-            "replay_buffer": await actors.replay_buffer.state_dict.call_one(),
-            "dataset": await actors.dataset.state_dict.call_one(),
+            "replay_buffer": await actors.replay_buffer.state_dict.route(),
+            "dataset": await actors.dataset.state_dict.route(),
             "rng": {
                 "controller": {"python": random.getstate(), "torch": torch.get_rng_state()},
                 "generator": await _generator_rng(actors),
@@ -243,18 +238,18 @@ class RunCheckpointer:
         """Puts every actor back in the state of checkpoint `path`; returns the loop's progress.
         The trainer's weights still have to be published (as `progress.version`)."""
         state = safe_load(path / STATE_FILE, str(path / STATE_FILE), _RUN_STATE_CLASSES)
-        trainer_step = _rank0(await actors.trainer.load_from.call(str((path / TRAINER_DIR).resolve())))
+        trainer_step = await actors.trainer.load_from.route(str((path / TRAINER_DIR).resolve()))
         if trainer_step != state["step"]:
             raise ValueError(
                 f"{path}: the trainer is at step {trainer_step}, the run state at {state['step']}"
             )
-        await actors.replay_buffer.load_state_dict.call_one(state["replay_buffer"])
-        await actors.dataset.load_state_dict.call_one(state["dataset"])
+        await actors.replay_buffer.load_state_dict.route(state["replay_buffer"])
+        await actors.dataset.load_state_dict.route(state["dataset"])
         random.setstate(state["rng"]["controller"]["python"])
         torch.set_rng_state(state["rng"]["controller"]["torch"])
-        if state["rng"]["generator"] is not None and not _is_service(actors.generator):
-            await call_within(
-                actors.generator, "load_rng_state", actors.generator_deadline_s, state["rng"]["generator"]
+        if state["rng"]["generator"] is not None and not actors.generator.replaces_failed_replicas:
+            await actors.generator.load_rng_state.route_within(
+                actors.generator_deadline_s, state["rng"]["generator"]
             )
         buffered = [episode.policy_version for episode in state["replay_buffer"]["episodes"]]
         return Progress(state["step"], state["version"], state["history"], buffered, restored=True)
@@ -275,16 +270,12 @@ class RunCheckpointer:
         return progress
 
 
-def _is_service(handle) -> bool:
-    return isinstance(handle, Service)
-
-
 async def _generator_rng(actors: RunActors) -> dict | None:
-    # Replicas each have their own generator state and requests go to any of them: only a
-    # lone generator's RNG can be put back meaningfully.
-    if _is_service(actors.generator):
+    # Replicas each have their own generator state, requests go to any of them and a replacement
+    # starts afresh: only a lone generator's RNG can be put back meaningfully.
+    if actors.generator.replaces_failed_replicas:
         return None
-    return await call_within(actors.generator, "rng_state", actors.generator_deadline_s)
+    return await actors.generator.rng_state.route_within(actors.generator_deadline_s)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -105,7 +105,7 @@ class GRPOLoops:
         a = self.actors
         with stop_on_storage_errors(self.cfg.output_dir):  # it rewrites the metric and record files
             progress = await self.checkpoints.resume(
-                self.saved, a.trainer.push_weights.call, self.cfg.metrics.jsonl_path
+                self.saved, a.trainer.push_weights.route, self.cfg.metrics.jsonl_path
             )
             self.bound.restore(progress.version, progress.buffered_versions)
             if self.recorder is not None:  # the steps after the checkpoint are recorded again
@@ -160,7 +160,7 @@ class GRPOLoops:
     async def _next_batch(self, version: int):
         await self.bound.wait_for_batch()
         # The bound mirrors the buffer, so the first sample normally has a batch.
-        while (batch := await self.actors.replay_buffer.sample.call_one(version)) is None:
+        while (batch := await self.actors.replay_buffer.sample.route(version)) is None:
             await asyncio.sleep(0.05)
         return batch
 
@@ -204,10 +204,10 @@ class GRPOLoops:
             episode_versions = [int(v) for b in batch for v in b.policy_versions]
             if trainer is not None:  # trainer.enabled=false: only generate and record
                 async with self._generator_asleep():
-                    self.skips.observe(step, next(iter((await trainer.train_step.call(batch)).values())))
+                    self.skips.observe(step, await trainer.train_step.route(batch))
                 version += 1
                 sync_started = time.perf_counter()
-                await trainer.push_weights.call(version)
+                await trainer.push_weights.route(version)
                 record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
                 record_metric("grpo/trained_policy_age_max", version - 1 - min(episode_versions), Reduce.MAX)
             await self.bound.trained(episode_versions)
@@ -225,7 +225,7 @@ class GRPOLoops:
                 await self._save(step, version, history)
         display.close()
         if trainer is not None:
-            await trainer.wait_published.call()
+            await trainer.wait_published.route()
         return history
 
     @contextlib.asynccontextmanager
@@ -236,11 +236,11 @@ class GRPOLoops:
             yield
             return
         generator = self.actors.rollouts.generator
-        await generator.sleep.call_one(True)
+        await generator.sleep.fanout(True)
         try:
             yield
         finally:
-            await generator.sleep.call_one(False)
+            await generator.sleep.fanout(False)
 
     async def _save(self, step: int, version: int, history: dict) -> None:
         """The step's checkpoint and export, when the config asks for them."""
@@ -254,6 +254,6 @@ class GRPOLoops:
                     # it drops their records with those of step + 1.
                     self.recorder.step = step + 1
         if last or (cfg.checkpoint.export_every and step % cfg.checkpoint.export_every == 0):
-            await self.actors.trainer.export_hf.call(
+            await self.actors.trainer.export_hf.route(
                 str(Path(cfg.output_dir, "export").resolve()), cfg.policy_path, cfg.checkpoint.export_dtype
             )

@@ -48,8 +48,8 @@ async def starvation_report(rollouts: RolloutCounts, replay_buffer, reward, buff
     """Counts since the start that explain a starving trainer (`buffer_config`: a
     `ReplayBufferConfig`)."""
     max_policy_age, batch_size = buffer_config.max_policy_age, buffer_config.batch_size
-    buffer = await replay_buffer.counts.call_one()
-    rewards = await reward.counts.call_one()
+    buffer = await replay_buffer.counts.route()
+    rewards = await reward.counts.route()
     return (
         f"Since the start: {rollouts.groups} groups generated, {rollouts.groups_skipped} skipped for no "
         f"signal (all rewards of the group equal; see rollout.skip_groups_without_signal), "

@@ -15,7 +15,7 @@
 #   fsdp        trainer.procs=2, generator colocated, KL on; losses against one GPU's on the
 #               same batches (bench/fsdp_parity.py)
 #   demo        configs/grpo/gpu_demo.yaml, trainer on GPU 0 and generator on GPU 1
-#   qwen17      configs/grpo/qwen3_1_7b.yaml as shipped, a random 1.7B policy, 10 steps
+#   qwen17 [override ...]  configs/grpo/qwen3_1_7b.yaml as shipped (trainer and generator on a GPU each), a random 1.7B policy, 10 steps
 set -uo pipefail
 run=${1:?usage: bench/device_runs.sh app|scaling|vllm_tp|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
 out=${2:?usage: bench/device_runs.sh RUN OUT_DIR [ARGS...]}
@@ -38,9 +38,9 @@ case $run in
             --engine vllm --preset trl --sizes "$size" --steps "$steps" --variants "$variants" "${small[@]}" "$@" \
             > "$out/app.log" 2>&1
         status=$?
-        for run_dir in /tmp/app/"$size"/run_*; do
-            mkdir -p "$out/${run_dir##*/}"
-            cp -r "$run_dir/metrics.jsonl" "$run_dir/profile" "$out/${run_dir##*/}/" 2>/dev/null
+        for run_dir in /tmp/app/"$size"/run_*; do  # flat: the device returns shallow folders only
+            cp "$run_dir/metrics.jsonl" "$out/${run_dir##*/}.metrics.jsonl"
+            for file in "$run_dir"/profile/*; do [ -e "$file" ] && cp "$file" "$out/${run_dir##*/}.${file##*/}"; done
         done
         cp /tmp/app/results.json "$out/" 2>/dev/null
         grep -i "recompil" "$out/app.log" | tail -20
@@ -65,8 +65,14 @@ from forge.data.toy_task import ToyTaskConfig, make_splits, write_jsonl
 train, evaluation = make_splits(ToyTaskConfig())
 write_jsonl(train, '/tmp/q17/prompts.jsonl'), write_jsonl(evaluation, '/tmp/q17/eval.jsonl')
 " || exit
-        "$PYTHON" -m apps.grpo.main --config configs/grpo/qwen3_1_7b.yaml policy_path=/tmp/q17/policy \
-            dataset.path=/tmp/q17/prompts.jsonl dataset.eval_path=/tmp/q17/eval.jsonl max_steps=10 output_dir=/tmp/q17/run eval.num_prompts=16 \
-            && cp /tmp/q17/run/metrics.jsonl "$out/qwen17_metrics.jsonl" ;;
+        # The console's step lines on (the config writes metrics to its jsonl only); the metrics
+        # come back even from a run stopped by the device's time limit.
+        TORCH_LOGS=recompiles timeout "${TIME_LIMIT:-3600}" "$PYTHON" -m apps.grpo.main \
+            --config configs/grpo/qwen3_1_7b.yaml policy_path=/tmp/q17/policy metrics.console=true \
+            dataset.path=/tmp/q17/prompts.jsonl dataset.eval_path=/tmp/q17/eval.jsonl max_steps=10 \
+            output_dir=/tmp/q17/run eval.num_prompts=16 "$@"
+        status=$?
+        cp /tmp/q17/run/metrics.jsonl "$out/qwen17_metrics.jsonl"
+        exit $status ;;
     *) echo "unknown run $run" >&2; exit 2 ;;
 esac

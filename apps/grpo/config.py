@@ -33,7 +33,8 @@ class TrainerSection(ForgeConfigModel):
     # Updates with a non-finite loss or gradient norm are skipped; this many in a row stop the run.
     max_skipped_updates: int = Field(5, ge=1)
     # Profile the trainer's processes (the PyTorch profiler) from the start of this step to the
-    # start of the next: a table and a trace per rank in output_dir/profile.
+    # start of the next: a table and a trace per rank in output_dir/profile. Writing the trace
+    # takes seconds, which the next step's time includes.
     profile_step: int | None = Field(None, ge=1)
 
 

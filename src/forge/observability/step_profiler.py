@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 logger = logging.getLogger(__name__)
@@ -68,16 +69,21 @@ def summary(result: profile, seconds: float) -> str:
     """The window's length, the time in the labelled ranges (`forge.*`), and the operators that
     took the most GPU and CPU time."""
     events = result.key_averages()
-    on_device = sum(e.self_device_time_total for e in events) / 1e6
+    # Kernels only: an operator's or a labelled range's device time is that of its kernels.
+    on_device = sum(e.self_device_time_total for e in events if _is_kernel(e)) / 1e6
     lines = [
         f"window {seconds:.3f} s; GPU kernel time {on_device:.3f} s ({on_device / seconds:.0%} of the window)",
         "",
         "labelled ranges (CPU wall s, calls):",
     ]
     for event in sorted(events, key=lambda e: -e.cpu_time_total):
-        if event.key.startswith("forge."):
+        if event.key.startswith("forge.") and event.device_type == DeviceType.CPU:
             lines.append(f"  {event.key:<40} {event.cpu_time_total / 1e6:8.3f} {event.count:6d}")
     for column in ("self_device_time_total", "self_cpu_time_total"):
         lines += ["", f"top operators by {column}:"]
         lines.append(events.table(sort_by=column, row_limit=TOP_OPERATORS, max_name_column_width=60))
     return "\n".join(lines) + "\n"
+
+
+def _is_kernel(event) -> bool:
+    return event.device_type != DeviceType.CPU and not event.is_user_annotation

@@ -13,11 +13,18 @@ from forge.config import ForgeConfigModel
 from forge.controller import ProvisionerConfig
 from forge.data.episode_buffer import ReplayBufferConfig
 from forge.data.prompts import PromptDataConfig
-from forge.data.rewards import RewardFnName
 from forge.engines.titan.config import TitanEngineConfig
 from forge.envs.config import EnvConfig
 from forge.observability import MetricsConfig
+from forge.rewards.functions import RewardFnName
 from forge.runs.checkpoint import CheckpointConfig
+
+
+class GRPOCheckpointConfig(CheckpointConfig):
+    # The final policy is always exported to output_dir/export; this also exports every N steps.
+    export_every: int = Field(0, ge=0, description="also export every N steps (0: only at the end)")
+    # The exported weights' dtype; None keeps the starting checkpoint's (its config.json's).
+    export_dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
 
 class TrainerSection(ForgeConfigModel):
@@ -81,7 +88,7 @@ class GRPOConfig(ForgeConfigModel):
     # restart_backoff_s before the first restart and twice as long before each next one.
     max_restarts: int = Field(0, ge=0)
     restart_backoff_s: float = Field(5.0, ge=0)
-    checkpoint: CheckpointConfig = CheckpointConfig()
+    checkpoint: GRPOCheckpointConfig = GRPOCheckpointConfig()
     policy_path: str
     warm_start: WarmStartConfig = WarmStartConfig()
     dataset: PromptDataConfig = PromptDataConfig()

@@ -36,11 +36,11 @@ from forge.controller import get_provisioner, init_provisioner, shutdown, superv
 from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP, GpuPlan
 from forge.controller.provisioner import visible_gpus
 from forge.data.chat_prompts import PromptRenderer
-from forge.data.reward_scoring import RewardScorer
 from forge.envs.turns import TurnRenderer
 from forge.observability import get_metric_logger
 from forge.observability.rollouts import RolloutRecorder, batches_path
 from forge.recipes.grpo_replay import replay_training
+from forge.rewards.scorer import RewardScorer
 from forge.rollout import Rollouts
 from forge.runs import ActorFailed, RunStopped
 from forge.runs.checkpoint import Progress, RunCheckpointer

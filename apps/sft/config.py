@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from forge.actors.trainer import LossConfig
 from forge.config import ForgeConfigModel
-from forge.data.rewards import RewardFnName
 from forge.engines.titan.config import TitanEngineConfig
 from forge.observability import MetricsConfig
 from forge.recipes.sft import SFTRecipeDataConfig
+from forge.rewards.functions import RewardFnName
+from forge.runs.checkpoint import CheckpointConfig
 
 
 class TrainerSection(ForgeConfigModel):
@@ -44,8 +47,13 @@ class SFTConfig(ForgeConfigModel):
         0, ge=0, description="held-out loss every N steps (0: only before step 1 and at the end)"
     )
     eval_batch_size: int | None = Field(None, ge=1, description="default: data.batch_size")
-    save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
-    resume: bool = Field(False, description="continue from the latest checkpoint in the run's folder")
+    # Run checkpoints under run_dir/checkpoints, as GRPO's (forge.runs.checkpoint).
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    resume: bool | Literal["auto"] = Field(
+        False,
+        description="continue from the newest intact checkpoint in run_dir/checkpoints: true needs one, "
+        "auto continues from one if there is one, else starts",
+    )
     export_dir: str | None = Field(None, description="Hugging Face directory written at the end")
     trainer: TrainerSection = TrainerSection()
     data: SFTRecipeDataConfig

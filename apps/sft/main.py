@@ -4,8 +4,8 @@
 
 The controller (this process) reads and batches the data; the `TitanTrainer` actor (one proc
 mesh, `trainer.procs` data-parallel ranks) trains. Outputs, all under `run_dir`: metrics.jsonl,
-config.yaml, checkpoints/step-N (model, optimizer, LR schedule, step, data position), and the
-Hugging Face export at `export_dir`.
+config.yaml, checkpoints/step_XXXXXXXX (run checkpoints, as GRPO's: model, optimizer, LR schedule,
+step, data position, RNG; forge.runs.checkpoint), and the Hugging Face export at `export_dir`.
 """
 
 from __future__ import annotations
@@ -26,10 +26,6 @@ from forge.actors.trainer import TitanTrainer
 from forge.config import config_to_dict, parse_args, save_config
 from forge.controller import shutdown
 from forge.data.prompts import read_prompt_target_rows
-from forge.data.rewards import get_reward_fn
-from forge.data.sft import build_sft_loader
-from forge.data.sft_loader import SFTDataLoader
-from forge.engines.titan.checkpoint import Checkpointer
 from forge.engines.titan.checkpoint_model import check_model_section
 from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.observability.backends import drop_metrics_after
@@ -39,10 +35,16 @@ from forge.recipes.sft import (
     evaluate_loss,
     greedy_exact_match,
     prepare_data,
+    restore_checkpoint,
+    save_checkpoint,
     split_for_ranks,
 )
+from forge.rewards.functions import get_reward_fn
+from forge.runs.checkpoint import RunCheckpointer
 from forge.runs.checks import check_no_earlier_metrics
 from forge.runs.storage import check_writable_dir
+from forge.sft.batches import SFTDataLoader
+from forge.sft.dataset import build_sft_loader
 
 
 def train_fields(row: dict) -> dict[str, str]:
@@ -71,8 +73,8 @@ def data_line(cfg: SFTConfig, prepared: PreparedData) -> str:
     )
 
 
-def checkpoint_folder(cfg: SFTConfig) -> Path:
-    return Path(cfg.trainer.engine.checkpoint.folder or Path(cfg.run_dir) / "checkpoints")
+def run_checkpointer(cfg: SFTConfig) -> RunCheckpointer:
+    return RunCheckpointer(Path(cfg.run_dir) / "checkpoints", cfg.checkpoint.keep)
 
 
 def tokenizer_source(cfg: SFTConfig) -> tuple[str, str] | None:
@@ -86,25 +88,19 @@ def tokenizer_source(cfg: SFTConfig) -> tuple[str, str] | None:
 
 
 def check_fresh_start(cfg: SFTConfig) -> None:
-    """A run that does not resume must not overwrite another run's checkpoints."""
-    existing = sorted(checkpoint_folder(cfg).glob("step-*"))
-    if existing and not cfg.resume:
-        raise ValueError(
-            f"{checkpoint_folder(cfg)} already holds checkpoints ({', '.join(p.name for p in existing)}): "
-            "pass resume=true to continue that run, or choose another run_dir"
-        )
+    """A run that does not resume must not overwrite another run's checkpoints; one that does
+    needs an intact checkpoint to resume from (with resume=auto, only when there are any)."""
+    run_checkpointer(cfg).check_start(cfg.resume, "run_dir")
     if not cfg.resume:
         check_no_earlier_metrics(Path(cfg.run_dir) / "metrics.jsonl", "run_dir")
 
 
-async def restore(trainer, loader: SFTDataLoader) -> int:
-    """Loads the latest checkpoint, if any, and puts the loader where it was; returns the step."""
-    step = await trainer.latest_checkpoint.route()
+async def resume(checkpoints: RunCheckpointer, trainer, loader: SFTDataLoader) -> int:
+    """Restores the newest intact checkpoint, if any; returns its step (0 without one)."""
+    step = await restore_checkpoint(checkpoints, trainer, loader)
     if step is None:
         print("resume: no checkpoint yet, starting from step 0")
         return 0
-    extra_state = await trainer.load.route()
-    loader.load_state_dict(extra_state["data"])
     print(f"resume: continuing from the checkpoint of step {step}")
     return step
 
@@ -118,12 +114,13 @@ async def train(
     dp_size = cfg.trainer.engine.parallelism.dp_degree(procs)
     eval_batch_size = cfg.eval_batch_size or cfg.data.batch_size
     metrics_path = run_dir / "metrics.jsonl"
+    checkpoints = run_checkpointer(cfg)
     try:
         # The trainer's processes get GPUs where this machine has them (one per proc).
         trainer = await TitanTrainer.options(procs=procs, with_gpus=torch.cuda.is_available()).as_actor(
             cfg.trainer.engine, cfg.trainer.loss
         )
-        start = await restore(trainer, loader) if cfg.resume else 0
+        start = await resume(checkpoints, trainer, loader) if cfg.resume else 0
         # Before the logger opens the file: the steps after the checkpoint are logged again.
         if start == 0:
             metrics_path.unlink(missing_ok=True)
@@ -152,8 +149,8 @@ async def train(
             last = step == cfg.max_steps
             if data.eval is not None and (last or (cfg.eval_every and step % cfg.eval_every == 0)):
                 last_eval = await evaluate_loss(trainer, data, eval_batch_size, dp_size)
-            if last or (cfg.save_every and step % cfg.save_every == 0):
-                await trainer.save.route({"data": cursor})
+            if cfg.checkpoint.due(step, last):
+                await save_checkpoint(checkpoints, step, trainer, loader)
             row = await metric_logger.flush(step)
             progress.update(step, train_fields(row))
             if "eval/loss" in row:
@@ -214,20 +211,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         # Bad input (a file, a column, a tokenizer): the message says what and where.
         print(f"sft: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    # What the run really uses, so that config.yaml describes it completely.
-    engine.checkpoint.folder = str(checkpoint_folder(cfg).resolve())
     save_config(cfg, Path(cfg.run_dir) / "config.yaml")
     print(data_line(cfg, prepared), flush=True)
     try:
         final = asyncio.run(train(cfg, prepared, loader, generation_rows))
     except KeyboardInterrupt:
-        checkpoints = Checkpointer(checkpoint_folder(cfg), keep_latest_k=0)
-        latest = checkpoints.latest_step()
-        where = (
-            f"newest checkpoint: {checkpoints.step_dir(latest)} (continue with resume=true)"
-            if latest is not None
-            else "no checkpoint yet"
-        )
+        latest = run_checkpointer(cfg).latest()
+        where = f"newest checkpoint: {latest} (continue with resume=true)" if latest else "no checkpoint yet"
         print(f"interrupted: actors stopped\n{where}", file=sys.stderr)
         raise SystemExit(130) from None
     print(f"done in {time.perf_counter() - started:.0f} s", flush=True)

@@ -21,12 +21,12 @@ from forge.actors.environment import ActorEnvironments
 from forge.actors.reference import reference_logprobs
 from forge.controller.liveness import CallDeadline
 from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError
-from forge.data.reward_scoring import RewardScorer
 from forge.data.types import Completion, Episode
 from forge.envs.rollout import TrajectoryLimits, run_groups
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
 from forge.observability.rollouts import RolloutRecorder
+from forge.rewards.scorer import RewardScorer
 from forge.rl.advantage import has_signal
 
 

@@ -1,7 +1,7 @@
 """The SFT app end to end: real trainer processes, the tiny TorchTitan model, real files.
 
 Runs are shortened versions of configs/sft/tiny_cpu.yaml (the shipped config, so that it is
-checked too). The chat loss mask is tested token by token in tests/data/test_sft_data.py.
+checked too). The chat loss mask is tested token by token in tests/sft/test_dataset.py.
 """
 
 import contextlib
@@ -21,6 +21,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from forge.config import load_config
 from forge.data.tokenizer import embedded_tokenizer
 from forge.engines.titan.engine import TitanEngine
+from forge.runs.checkpoint import RunCheckpointer
+
+pytestmark = pytest.mark.slow
 
 TINY_CPU = Path(__file__).resolve().parents[2] / "configs" / "sft" / "tiny_cpu.yaml"
 STEPS = 8
@@ -69,7 +72,7 @@ def _restore_process_state():
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("straight")
-    rows, printed = run_app(run_dir, f"max_steps={STEPS}", "save_every=4")
+    rows, printed = run_app(run_dir, f"max_steps={STEPS}", "checkpoint.every=4")
     return run_dir, rows, printed
 
 
@@ -92,7 +95,11 @@ def test_tiny_run_learns_reports_and_exports(straight_run):
     assert any(line.startswith("greedy exact match of the export: ") for line in lines)
 
     # Everything a resume or a reader needs is in the run dir.
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-4", "step-8"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000004", "step_00000008"]
+    assert (
+        RunCheckpointer(run_dir / "checkpoints", keep=2).newest_intact()
+        == run_dir / "checkpoints" / "step_00000008"
+    )
     assert load_config(SFTConfig, run_dir / "config.yaml").trainer.engine.model.vocab_size == len(
         embedded_tokenizer()
     )
@@ -109,7 +116,7 @@ def test_export_matches_the_trainer_logits(straight_run):
 
     # The trainer's weights at the end: its last checkpoint, in the engine the trainer runs.
     engine = TitanEngine(load_config(SFTConfig, run_dir / "config.yaml").trainer.engine)
-    engine.load(STEPS)
+    engine.load_from(run_dir / "checkpoints" / f"step_{STEPS:08d}" / "trainer")
     hf_model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
     with torch.no_grad():
         hf_logits = hf_model(tokens).logits
@@ -119,11 +126,11 @@ def test_export_matches_the_trainer_logits(straight_run):
 def test_resume_continues_exactly(straight_run, tmp_path):
     _, straight, _ = straight_run
     # Stop after 6 steps, as if it crashed before the checkpoint of step 6 was written...
-    run_app(tmp_path, "max_steps=6", "save_every=4", "~export_dir", "~generation_eval")
-    shutil.rmtree(tmp_path / "checkpoints" / "step-6")
+    run_app(tmp_path, "max_steps=6", "checkpoint.every=4", "~export_dir", "~generation_eval")
+    shutil.rmtree(tmp_path / "checkpoints" / "step_00000006")
     # ...and resume: from step 4, with the model, optimizer, LR schedule and data position.
     resumed, printed = run_app(
-        tmp_path, f"max_steps={STEPS}", "save_every=4", "resume=true", "~export_dir", "~generation_eval"
+        tmp_path, f"max_steps={STEPS}", "checkpoint.every=4", "resume=true", "~export_dir", "~generation_eval"
     )
     assert "resume: continuing from the checkpoint of step 4" in printed
 
@@ -131,6 +138,18 @@ def test_resume_continues_exactly(straight_run, tmp_path):
     assert [row["step"] for row in resumed if "train/loss" in row] == list(range(1, STEPS + 1))
     for key in ("train/loss", "train/lr", "data/epoch", "eval/loss"):
         assert by_step(resumed, key) == pytest.approx(by_step(straight, key), rel=1e-6, abs=1e-7), key
+
+
+def test_resume_auto_starts_afresh_and_a_fresh_start_refuses_existing_checkpoints(tmp_path, capsys):
+    rows, printed = run_app(
+        tmp_path, "max_steps=2", "checkpoint.every=1", "resume=auto", "~export_dir", "~generation_eval"
+    )
+    assert "resume: no checkpoint yet, starting from step 0" in printed
+    assert sorted(by_step(rows, "train/loss")) == [1, 2]
+    checkpoints = RunCheckpointer(tmp_path / "checkpoints", keep=2).complete()
+    assert [path.name for path in checkpoints] == ["step_00000001", "step_00000002"]
+    err = run_expecting_exit(capsys, f"run_dir={tmp_path}")
+    assert "already holds checkpoints (newest: step_00000002)" in err and "another run_dir" in err
 
 
 def test_too_long_examples_are_counted_in_the_metrics(tmp_path):

@@ -17,6 +17,8 @@ from forge.controller import (
     shutdown,
 )
 
+pytestmark = pytest.mark.slow
+
 
 class Counter(ForgeActor):
     def __init__(self, start: int):

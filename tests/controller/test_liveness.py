@@ -13,6 +13,8 @@ from monarch.actor import endpoint
 from forge.controller import ForgeActor, ProvisionerConfig, init_provisioner, shutdown
 from forge.controller.liveness import ActorHungError, Probe
 
+pytestmark = pytest.mark.slow
+
 
 class Worker(ForgeActor):
     @endpoint

@@ -3,11 +3,14 @@
 import asyncio
 import random
 
+import pytest
 import torch
 from monarch.actor import endpoint
 
 from forge.controller import ForgeActor, init_provisioner, shutdown
 from forge.data.prompts import PromptCursor
+
+pytestmark = pytest.mark.slow
 
 
 class Dice(ForgeActor):

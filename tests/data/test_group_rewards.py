@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from forge.data.group_rewards import distinct_in_group, group_reward, is_group_reward
-from forge.data.reward_scoring import RewardScorer
 from forge.observability.collector import pop_state
+from forge.rewards.group_functions import distinct_in_group, group_reward, is_group_reward
+from forge.rewards.scorer import RewardScorer
 
 CALLS_FILE = "GROUP_REWARD_TEST_CALLS"
 
@@ -148,8 +148,8 @@ def test_a_failed_group_call_scores_error_reward_for_its_group_is_counted_once_a
 
 def test_a_group_function_beside_the_reward_functions_of_score_many_sees_groups_of_one():
     # score and score_many take independent responses: each is a group of its own.
-    scorer = RewardScorer([("forge.data.group_rewards:distinct_in_group", 1.0)])
+    scorer = RewardScorer([("forge.rewards.group_functions:distinct_in_group", 1.0)])
     assert (
         scorer.score_many([("p", "a", "t"), ("p", "a", "t")])
-        == [(1.0, {"forge.data.group_rewards:distinct_in_group": 1.0})] * 2
+        == [(1.0, {"forge.rewards.group_functions:distinct_in_group": 1.0})] * 2
     )

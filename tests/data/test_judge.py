@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from forge.actors.reward import RewardConfig
-from forge.data.judge import DEFAULT_TEMPLATE, JudgeParse, check_template, judge_question
+from forge.rewards.judge import DEFAULT_TEMPLATE, JudgeParse, check_template, judge_question
 
 
 def test_the_default_rule_reads_the_last_rating_out_of_ten():

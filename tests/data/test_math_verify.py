@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from forge.data.math_verify_reward import math_verify_reward
-from forge.data.rewards import get_reward_fn, math_answer
+from forge.rewards.functions import get_reward_fn, math_answer
+from forge.rewards.math_verify_reward import math_verify_reward
 
 # (response, target, math_verify, math_answer): every pair the two score differently.
 DISAGREEMENTS = [
@@ -96,7 +96,7 @@ def test_a_target_math_verify_cannot_read_is_an_error():
 
 def test_registered_but_imported_only_when_named():
     assert get_reward_fn("math_verify") is math_verify_reward
-    code = "import sys, forge.data.rewards; print('math_verify' in sys.modules, 'sympy' in sys.modules)"
+    code = "import sys, forge.rewards.functions; print('math_verify' in sys.modules, 'sympy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 
@@ -114,7 +114,7 @@ def test_runs_off_the_main_thread_without_its_own_timeout_or_warning(caplog):
 
 
 def test_worker_times_out_what_math_verify_cannot_finish():
-    from forge.data.reward_scoring import RewardScorer
+    from forge.rewards.scorer import RewardScorer
 
     # 10^{10^{10}} hangs inside one big-integer power, where no signal reaches Python: only the
     # reward worker's kill ends it, and the calls around it are scored as usual.

@@ -12,7 +12,7 @@ import reasoning_gym
 
 from forge.data.prompts import PromptCursor, PromptDataConfig, load_prompt_rows
 from forge.data.reasoning_gym_source import decode_target, encode_target
-from forge.data.rewards import get_reward_fn
+from forge.rewards.functions import get_reward_fn
 
 TASKS = [
     {"name": "chain_sum", "weight": 2, "config": {"min_terms": 2, "max_terms": 3}},

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 
 from forge.actors.reward import RewardActor, RewardConfig
 from forge.controller import shutdown
-from forge.data.remote_reward import RemoteRewardConfig
-from forge.data.reward_scoring import RewardScorer
 from forge.observability.collector import pop_state
+from forge.rewards.remote import RemoteRewardConfig
+from forge.rewards.scorer import RewardScorer
 
 # A request of the server's rendezvous waits at most this long for the others.
 RENDEZVOUS_S = 5.0
@@ -219,7 +219,7 @@ def test_an_unreachable_server_scores_error_reward_after_the_retries():
 
 
 def test_the_reward_actor_scores_with_functions_a_group_function_and_the_server_together(server):
-    distinct = "forge.data.group_rewards:distinct_in_group"
+    distinct = "forge.rewards.group_functions:distinct_in_group"
     config = RewardConfig(
         functions=[{"name": "toy_task"}, {"name": distinct, "weight": 0.5}],
         remote={"url": server.url, "batch_size": 3, "timeout_s": 0.5, "retries": 0},

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from forge.data.rewards import (
+from forge.rewards.functions import (
     REWARD_FUNCTIONS,
     exact_match,
     format_reward,
@@ -128,8 +128,8 @@ def _raises_on_odd(prompt: str, response: str, target: str) -> float:
 
 
 def test_scorer_gives_error_reward_counts_and_goes_on():
-    from forge.data.reward_scoring import RewardScorer
     from forge.observability.collector import pop_state
+    from forge.rewards.scorer import RewardScorer
 
     pop_state()
     scorer = RewardScorer([("toy_task", 1.0), (f"{__name__}:_raises_on_odd", 0.5)], error_reward=-1.0)
@@ -144,7 +144,7 @@ def test_scorer_gives_error_reward_counts_and_goes_on():
 
 
 def test_import_path_errors_name_the_path():
-    from forge.data.rewards import get_reward_fn
+    from forge.rewards.functions import get_reward_fn
 
     with pytest.raises(ValueError, match="'no_such_module:fn' cannot be imported"):
         get_reward_fn("no_such_module:fn")
@@ -163,8 +163,8 @@ def _non_finite(prompt: str, response: str, target: str) -> float:
 
 
 def test_scorer_times_out_hung_calls_and_goes_on():
-    from forge.data.reward_scoring import RewardScorer
     from forge.observability.collector import pop_state
+    from forge.rewards.scorer import RewardScorer
 
     pop_state()
     name = f"{__name__}:_sleeps_on_target_7"
@@ -183,8 +183,8 @@ def test_scorer_times_out_hung_calls_and_goes_on():
 
 
 def test_scorer_treats_non_finite_rewards_as_errors():
-    from forge.data.reward_scoring import RewardScorer
     from forge.observability.collector import pop_state
+    from forge.rewards.scorer import RewardScorer
 
     pop_state()
     name = f"{__name__}:_non_finite"
@@ -237,8 +237,8 @@ def _prints_megabytes(prompt: str, response: str, target: str) -> float:
 
 @pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in_process", "worker"])
 def test_anything_but_a_number_scores_error_reward_is_counted_and_the_calls_go_on(timeout_s):
-    from forge.data.reward_scoring import RewardScorer
     from forge.observability.collector import pop_state
+    from forge.rewards.scorer import RewardScorer
 
     pop_state()
     hostile = [_raises, _returns_none, _returns_a_string, _calls_sys_exit]
@@ -261,7 +261,7 @@ def test_anything_but_a_number_scores_error_reward_is_counted_and_the_calls_go_o
 
 
 def test_hung_calls_of_a_batch_time_out_together_not_one_after_another():
-    from forge.data.reward_scoring import RewardScorer
+    from forge.rewards.scorer import RewardScorer
 
     hangs, by_length = f"{__name__}:_hangs", "toy_task"
     scorer = RewardScorer([(hangs, 1.0), (by_length, 1.0)], error_reward=-1.0, timeout_s=1.0)
@@ -282,7 +282,7 @@ def test_hung_calls_of_a_batch_time_out_together_not_one_after_another():
 
 
 def test_megabytes_of_output_from_a_reward_function_break_nothing(capfd):
-    from forge.data.reward_scoring import RewardScorer
+    from forge.rewards.scorer import RewardScorer
 
     scorer = RewardScorer([(f"{__name__}:_prints_megabytes", 1.0)], timeout_s=5.0)
     try:
@@ -299,7 +299,7 @@ def test_the_worker_and_its_runners_die_with_the_process_that_started_them(tmp_p
     no reward worker and no runner behind."""
     script = f"""
 import sys
-from forge.data.reward_scoring import RewardScorer
+from forge.rewards.scorer import RewardScorer
 scorer = RewardScorer([("{__name__}:_hangs", 1.0)], timeout_s=600)
 scorer.start()
 print(scorer._worker._process.pid, flush=True)

@@ -1,4 +1,5 @@
-"""TitanEngine checkpoints: exact resume, extra_state, atomicity, retention."""
+"""TitanEngine checkpoints (`save_to` / `load_from`): exact resume and extra_state. Atomicity,
+retention and verification are the run checkpoint's (tests/runs/test_checkpoint_safety.py)."""
 
 import pytest
 import torch
@@ -25,14 +26,13 @@ def batches(count: int, start: int = 0) -> list[PolicyBatch]:
     ]
 
 
-def make_config(folder, seed: int = 0) -> TitanEngineConfig:
+def make_config(seed: int = 0) -> TitanEngineConfig:
     # A decaying LR with warmup: a resume that lost the scheduler state would change the losses.
     return TitanEngineConfig.model_validate(
         {
             "model": {"vocab_size": VOCAB},
             "training": {"seq_len": 32, "seed": seed},
             "lr_scheduler": {"warmup_steps": 2, "decay_type": "cosine", "total_steps": 10},
-            "checkpoint": {"folder": None if folder is None else str(folder), "keep_latest_k": 2},
         }
     )
 
@@ -50,52 +50,24 @@ def train(engine: TitanEngine, data: list[PolicyBatch]) -> list[float]:
 
 
 def test_resume_reproduces_training_and_extra_state(tmp_path):
-    first = TitanEngine(make_config(tmp_path))
-    assert first.latest_step() is None
+    first = TitanEngine(make_config())
     train(first, batches(2))
     cursor = {"dataset": {"epoch": 1, "index": 8}, "rng": torch.arange(3)}
-    path = first.save(extra_state=cursor)
-    assert path == tmp_path / "step-2"
+    assert first.save_to(tmp_path / "trainer", extra_state=cursor) == tmp_path / "trainer"
     expected = train(first, batches(2, start=2))
 
     # Another seed: the resumed engine starts from different weights unless load works.
-    resumed = TitanEngine(make_config(tmp_path, seed=7))
-    extra_state = resumed.load()
+    resumed = TitanEngine(make_config(seed=7))
+    extra_state = resumed.load_from(tmp_path / "trainer")
     assert resumed.step == 2
     assert extra_state["dataset"] == {"epoch": 1, "index": 8}
     assert torch.equal(extra_state["rng"], torch.arange(3))
     assert train(resumed, batches(2, start=2)) == pytest.approx(expected, rel=1e-6, abs=0)
 
 
-def test_half_written_checkpoints_are_ignored_and_old_ones_purged(tmp_path):
-    engine = TitanEngine(make_config(tmp_path))
-    train(engine, batches(1))
-    engine.save(extra_state={"at": 1})
-    # What a crash leaves: a tmp dir (even one with DCP metadata) and a dir without metadata.
-    (tmp_path / "step-9.tmp").mkdir()
-    (tmp_path / "step-9.tmp" / ".metadata").write_bytes(b"partial")
-    (tmp_path / "step-8").mkdir()
-    assert engine.latest_step() == 1
-
-    other = TitanEngine(make_config(tmp_path))
-    assert other.load() == {"at": 1} and other.step == 1
-    with pytest.raises(FileNotFoundError, match=r"step 8 .*complete steps: \[1\]"):
-        other.load(step=8)
-
-    train(engine, batches(1, start=1))
-    engine.save()  # also clears the tmp leftovers
-    assert not (tmp_path / "step-9.tmp").exists()
-    train(engine, batches(1, start=2))
-    engine.save()
-    assert engine.latest_step() == 3
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2", "step-3", "step-8"]
-    assert other.load(step=2) == {} and other.step == 2
-
-
-def test_checkpointing_needs_a_folder_and_a_trainable_engine(tmp_path):
-    with pytest.raises(ValueError, match="checkpoint.folder"):
-        TitanEngine(make_config(None)).save()
+def test_checkpointing_needs_a_trainable_engine_and_a_complete_checkpoint(tmp_path):
     with pytest.raises(RuntimeError, match="trainable=False"):
-        TitanEngine(make_config(tmp_path), trainable=False).save()
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
-        TitanEngine(make_config(tmp_path / "empty")).load()
+        TitanEngine(make_config(), trainable=False).save_to(tmp_path / "trainer")
+    (tmp_path / "partial").mkdir()
+    with pytest.raises(FileNotFoundError, match="no complete DCP checkpoint"):
+        TitanEngine(make_config()).load_from(tmp_path / "partial")

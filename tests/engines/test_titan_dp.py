@@ -24,6 +24,8 @@ from forge.engines.titan.engine import TitanEngine
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses import build_loss
 
+pytestmark = pytest.mark.slow
+
 VOCAB = 40
 WORLD_SIZE = 2
 STEPS = 3
@@ -39,9 +41,7 @@ def global_batch(step: int) -> PolicyBatch:
     return lm_batch(tokens, loss_mask)
 
 
-def make_config(
-    hf_path: str | None, shard_degree: int, checkpoint_folder: str | None = None
-) -> TitanEngineConfig:
+def make_config(hf_path: str | None, shard_degree: int) -> TitanEngineConfig:
     return TitanEngineConfig.model_validate(
         {
             "model": {"vocab_size": VOCAB, "hf_path": hf_path},
@@ -49,7 +49,6 @@ def make_config(
             # (13-16) make 4: rank 0 runs two idle passes to match rank 1's collectives.
             "training": {"seq_len": 32, "microbatch_tokens": 24},
             "parallelism": {"data_parallel_shard_degree": shard_degree},
-            "checkpoint": {"folder": checkpoint_folder},
         }
     )
 
@@ -57,7 +56,7 @@ def make_config(
 def run_rank(rank: int, init_dir: str, out_dir: str) -> None:
     """One data-parallel rank: train on its half of each global batch, record, export, and
     check that a sharded checkpoint resumes the next step exactly."""
-    engine = TitanEngine(make_config(init_dir, WORLD_SIZE, str(Path(out_dir) / "checkpoints")))
+    engine = TitanEngine(make_config(init_dir, WORLD_SIZE))
     assert engine.parallel_dims.fsdp_enabled and (engine.dp_rank, engine.dp_size) == (rank, WORLD_SIZE)
     metrics = []
     for step in range(STEPS + 1):
@@ -69,9 +68,9 @@ def run_rank(rank: int, init_dir: str, out_dir: str) -> None:
             assert cast.keys() == full.keys()
             for name, tensor in full.items():
                 assert cast[name].dtype == torch.bfloat16 and torch.equal(cast[name], tensor.bfloat16()), name
-            engine.save(extra_state={"cursor": step})
+            engine.save_to(Path(out_dir) / "trainer", extra_state={"cursor": step})
             after_save = engine.train_step(batch, masked_ce)["train/loss"]
-            assert engine.load() == {"cursor": step} and engine.step == step
+            assert engine.load_from(Path(out_dir) / "trainer") == {"cursor": step} and engine.step == step
         metrics.append(engine.train_step(batch, masked_ce))
     assert metrics[-1]["train/loss"] == after_save
     packed = engine.train_step(global_batch(STEPS + 1).split(4)[rank], build_loss("sft"))

@@ -17,6 +17,8 @@ from forge.envs.base import EnvStep  # noqa: E402
 from forge.envs.openenv import OpenEnvEnvironment  # noqa: E402
 from forge.envs.sessions import EnvFailure, LocalEnvironments, Opening  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 SERVER = Path(__file__).resolve().parents[1] / "support" / "openenv_guess_server.py"
 INTRO = "Guess my number (1-100), in at most 3 tries."
 

@@ -22,6 +22,8 @@ from forge.config import load_config
 from forge.observability.rollouts import decode_ids, read_records
 from forge.recipes.grpo_serial import grpo_serial
 
+pytestmark = pytest.mark.slow
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # The shipped configs, made small: few problems, a small batch, and the app in sync mode (one
 # rollout loop, max_policy_age 0), where it equals the serial recipe bit for bit.
@@ -61,7 +63,7 @@ def warm_start(tmp_path_factory) -> Path:
                 str(CONFIGS / "sft" / "tool_cpu.yaml"),
                 f"run_dir={run_dir}",
                 "max_steps=150",
-                "save_every=0",
+                "checkpoint.every=0",
                 "eval_every=0",
             ]
         )

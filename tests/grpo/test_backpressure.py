@@ -14,6 +14,8 @@ from forge.rollout import RolloutCounts, wait_for_room
 from forge.runs import RunStopped
 from forge.runs.guards import starvation_report, wait_for_batch
 
+pytestmark = pytest.mark.slow
+
 
 def episode(version: int = 0) -> Episode:
     completion = Completion(

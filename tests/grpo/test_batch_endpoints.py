@@ -16,6 +16,8 @@ from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
 from forge.rl.ops import compute_logprobs
 
+pytestmark = pytest.mark.slow
+
 
 def completion(prompt_ids: list[int], response_ids: list[int], version: int = 0) -> Completion:
     logprobs = [-0.5] * len(response_ids)

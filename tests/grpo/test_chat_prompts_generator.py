@@ -14,6 +14,8 @@ from forge.data.tokenizer import embedded_tokenizer
 from forge.envs.turns import TurnRenderer
 from forge.rollout import Rollouts, greedy_eval
 
+pytestmark = pytest.mark.slow
+
 # Role markers and the assistant's turn opened, in characters of the embedded alphabet.
 ROLE_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"

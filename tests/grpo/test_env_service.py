@@ -8,6 +8,8 @@ import pytest
 from apps.grpo.main import main
 from processes import children_left
 
+pytestmark = pytest.mark.slow
+
 # The environment runs in the EnvironmentActor's processes, which import it by module path.
 ENV_MODULE = """
 import os

@@ -30,6 +30,8 @@ from forge.observability.rollouts import batches_path, read_records
 from forge.recipes.grpo_serial import grpo_serial
 from forge.runs.restarts import ACTOR_FAILED_EXIT
 
+pytestmark = pytest.mark.slow
+
 # Reward functions run in the reward actor's process (and its worker), which imports them
 # by module path: they live in a module written to a folder put on PYTHONPATH.
 REWARDS_MODULE = """

@@ -8,6 +8,9 @@ import sys
 import time
 
 import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
 
 
 def test_ctrl_c_stops_the_run_and_every_actor(write_grpo_config, tmp_path):

@@ -17,6 +17,8 @@ from host_workers import REPO, Worker, free_port, make_tls_files, worker_env
 
 from forge.runs.restarts import ACTOR_FAILED_EXIT
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory):

@@ -36,6 +36,8 @@ from forge.observability.rollouts import (
 from forge.plot import plot_run
 from forge.rollout import Rollouts, rollout_step
 
+pytestmark = pytest.mark.slow
+
 LOSS_KEYS = ("train/loss", "loss/pg", "loss/kl", "loss/ratio_mean", "loss/mismatch_kl", "train/grad_norm")
 
 

@@ -11,8 +11,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
+import pytest
 from apps.grpo.main import main
 from processes import children_left
+
+pytestmark = pytest.mark.slow
 
 # The reward actor's process (and its worker) imports the functions by module path: they live
 # in a module written to a folder put on PYTHONPATH.
@@ -65,7 +68,7 @@ def reward_workers(marker: str) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["cmdline"]):
         try:
-            if "forge.data.reward_worker" in (process.info["cmdline"] or []) and (
+            if "forge.rewards.worker" in (process.info["cmdline"] or []) and (
                 process.environ().get("HOSTILE_TEST_EXIT_MARKER") == marker
                 and process.status() != psutil.STATUS_ZOMBIE
             ):

@@ -17,6 +17,8 @@ from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
 from forge.engines.titan.logprobs import completion_logprobs
 
+pytestmark = pytest.mark.slow
+
 TEMPERATURE = 0.7
 
 

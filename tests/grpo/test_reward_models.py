@@ -15,11 +15,15 @@ from reward_checkpoints import make_classifier
 from forge.actors.reward import RewardConfig
 from forge.actors.reward_models import ClassifierRewardModel, RewardModels
 from forge.controller import ProvisionerConfig, init_provisioner, shutdown
-from forge.data.judge import JudgeParse
+from forge.data.episode_buffer import ReplayBufferConfig
 from forge.engines.reward_classifier import ClassifierRewardEngine
 from forge.observability.rollouts import read_records
-from forge.rollout import score_with_models
+from forge.rewards.judge import JudgeParse
+from forge.rollout import RolloutCounts, score_with_models
 from forge.runs.checks import check_reward_models
+from forge.runs.guards import starvation_report
+
+pytestmark = pytest.mark.slow
 
 PROMPTS = [["1+1=", "1+1=", "1+1=", "1+1="], ["2+5=", "2+5=", "2+5=", "2+5="]]
 ANSWERS = [["2", "3", "11", "2<eos>"], ["7", "25", "0", "7"]]
@@ -210,3 +214,27 @@ def test_a_non_finite_score_or_a_raising_endpoint_scores_error_reward_and_is_cou
         scored = asyncio.run(models.score(["1+1="] * 2, ["2", "3"], ["2"] * 2))
         assert scored["rm"].values == expected
         assert models.counts == {"errors": 1, "timeouts": 0}
+
+
+class Routed:
+    """An endpoint's `route` that returns `value`, in this process."""
+
+    def __init__(self, value):
+        self.value = value
+
+    async def route(self, *args, **kwargs):
+        return self.value
+
+
+def test_the_starvation_report_counts_the_reward_models_failures(classifier):
+    cfg = reward_config(classifier).models[0]
+    failing = type("Model", (), {"score": Answers(RuntimeError("CUDA out of memory"))})()
+    models = RewardModels([(cfg, failing)], ERROR_REWARD)
+    asyncio.run(models.score(["1+1="] * 2, ["2", "3"], ["2"] * 2))
+    buffer_counts = {"added": 0, "evicted_stale": 0, "sampled": 0, "held": 0}
+    replay_buffer = type("Buffer", (), {"counts": Routed(buffer_counts)})()
+    reward = type("Reward", (), {"counts": Routed({"errors": 2, "timeouts": 1})})()
+    report = asyncio.run(
+        starvation_report(RolloutCounts(), replay_buffer, reward, ReplayBufferConfig(), models)
+    )
+    assert "reward errors 3, reward timeouts 1." in report

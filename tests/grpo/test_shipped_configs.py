@@ -20,6 +20,8 @@ from processes import children_left
 
 from forge.data.tokenizer import embedded_tokenizer
 
+pytestmark = pytest.mark.slow
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RUN_ELSEWHERE = {
     "sft/tiny_cpu.yaml": "tests/apps/test_sft_app.py",

@@ -16,6 +16,8 @@ from forge.data.types import Episode  # noqa: E402
 from forge.engines.titan.config import TitanEngineConfig  # noqa: E402
 from forge.rl.batch import PolicyBatch  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = ["12+34=", "7+8=", "55+5=", "9+90="]
 
 

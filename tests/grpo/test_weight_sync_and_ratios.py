@@ -5,6 +5,7 @@ from both, checksummed against the trainer's, and then sample exactly the traine
 
 import asyncio
 
+import pytest
 import torch
 
 from forge import store
@@ -16,6 +17,8 @@ from forge.data.types import Episode
 from forge.engines.titan.config import TitanEngineConfig
 from forge.rl.batch import PolicyBatch
 from forge.weight_sync import IpcTransport
+
+pytestmark = pytest.mark.slow
 
 PROMPTS = ["12+34=", "7+8=", "55+5=", "9+90=", "3+4=", "61+20="]
 

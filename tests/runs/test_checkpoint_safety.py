@@ -33,6 +33,8 @@ from forge.engines.titan.checkpoint import TrainState, load_dcp, save_dcp
 from forge.runs.checkpoint import Progress, RunActors, RunCheckpointer
 from forge.runs.manifest import write_manifest
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _process_group():

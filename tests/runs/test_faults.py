@@ -11,6 +11,8 @@ from forge.controller import ForgeActor, shutdown
 from forge.runs import RunStopped
 from forge.runs.faults import wait_for_loops
 
+pytestmark = pytest.mark.slow
+
 
 class Fragile(ForgeActor):
     @endpoint

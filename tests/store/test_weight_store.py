@@ -9,6 +9,8 @@ from monarch.actor import endpoint
 from forge import store
 from forge.controller import ForgeActor, shutdown
 
+pytestmark = pytest.mark.slow
+
 
 def make_state_dict(seed: int, scale: int = 1) -> dict[str, torch.Tensor]:
     """About 10M parameters in a few shapes and dtypes, reproducible from the seed."""

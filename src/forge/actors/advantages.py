@@ -20,11 +20,6 @@ class ComputeAdvantages(ForgeActor):
         return group_advantages(tensor, mode=self.mode).tolist()
 
     @endpoint
-    async def compute(self, rewards: list[float]) -> list[float]:
-        """Advantages of one group's rewards."""
-        return self._one(rewards)
-
-    @endpoint
     async def compute_groups(self, rewards: list[list[float]]) -> list[list[float]]:
-        """`compute` for several groups (of any sizes), in one call."""
+        """The advantages of several groups' rewards (of any sizes), one list per group."""
         return [self._one(group) for group in rewards]

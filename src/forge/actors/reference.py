@@ -17,9 +17,9 @@ import time
 from monarch.actor import current_rank, endpoint
 
 from forge.controller import ForgeActor
-from forge.data.shares import Share, join_shares
 from forge.data.types import Completion
 from forge.engines.titan.config import TitanEngineConfig
+from forge.engines.titan.shares import Share, join_shares
 from forge.observability import Reduce, record_metric
 
 

@@ -10,17 +10,17 @@ from pydantic import Field, field_validator, model_validator
 
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
-from forge.data.judge import DEFAULT_TEMPLATE, JudgeParse, check_template
-from forge.data.remote_reward import REMOTE, RemoteRewardConfig
-from forge.data.reward_scoring import RewardScorer
-from forge.data.rewards import RewardFnName
 from forge.engines.generation import SamplingParams
 from forge.engines.vllm_config import VLLMConfig
+from forge.rewards.functions import RewardFnName
+from forge.rewards.judge import DEFAULT_TEMPLATE, JudgeParse, check_template
+from forge.rewards.remote import REMOTE, RemoteRewardConfig
+from forge.rewards.scorer import RewardScorer
 
 
 class RewardFnConfig(ForgeConfigModel):
-    # A built-in name (forge.data.rewards.REWARD_FUNCTIONS) or "package.module:function"; a
-    # function decorated with forge.data.group_rewards.group_reward scores a group per call.
+    # A built-in name (forge.rewards.functions.REWARD_FUNCTIONS) or "package.module:function"; a
+    # function decorated with forge.rewards.group_functions.group_reward scores a group per call.
     name: RewardFnName
     weight: float = 1.0
 
@@ -42,7 +42,7 @@ class RewardModelConfig(ForgeConfigModel):
     # LM (judge), with its tokenizer.
     path: str
     # classifier: the model's score of (prompt, response) (forge.engines.reward_classifier);
-    # judge: a generative model asked `template`, its answer read by `parse` (forge.data.judge).
+    # judge: a generative model asked `template`, its answer read by `parse` (forge.rewards.judge).
     kind: Literal["classifier", "judge"]
     weight: float = 1.0
     # Responses per call (a rollout's responses go out in calls of this many, together, spread
@@ -94,9 +94,9 @@ class RewardConfig(ForgeConfigModel):
     error_reward: float = 0.0
     # Longest a reward function may take on one response (a group function: on its group); the
     # functions then run in processes that are killed when a call hangs
-    # (forge.data.reward_scoring). None: in-process, no limit.
+    # (forge.rewards.scorer). None: in-process, no limit.
     timeout_s: float | None = Field(5.0, gt=0)
-    # A reward server that scores batches of responses over HTTP (forge.data.remote_reward),
+    # A reward server that scores batches of responses over HTTP (forge.rewards.remote),
     # weighed in with the functions as reward/remote.
     remote: RemoteRewardConfig | None = None
     # Models that score responses too (classifiers and generative judges), each weighed in as
@@ -124,18 +124,11 @@ class RewardActor(ForgeActor):
         )
 
     @endpoint
-    async def evaluate_response(
-        self, prompt: str, response: str, target: str
-    ) -> tuple[float, dict[str, float]]:
-        """(weighted total, {function name: its value}) of one response, a group of its own."""
-        return self.scorer.score(prompt, response, target)
-
-    @endpoint
     async def evaluate_groups(
         self, prompts: list[list[str]], responses: list[list[str]], targets: list[str]
     ) -> list[list[tuple[float, dict[str, float]]]]:
-        """`evaluate_response` for every response of several groups, in one call, with group
-        functions scoring each group as a whole (one prompt per response: after several turns
+        """(weighted total, {function name: its value}) of every response of several groups, in
+        one call, with group functions scoring each group as a whole (one prompt per response: after several turns
         each response has its own conversation before it)."""
         return self.scorer.score_groups(prompts, responses, targets)
 

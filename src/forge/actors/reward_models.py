@@ -28,8 +28,8 @@ from forge.controller import ForgeActor
 from forge.controller.gpu_plan import TRAINER_GROUP
 from forge.controller.liveness import ActorHungError
 from forge.controller.service import ReplicaHungError
-from forge.data.judge import judge_question
 from forge.observability import Reduce, record_metric
+from forge.rewards.judge import judge_question
 
 logger = logging.getLogger(__name__)
 

@@ -137,14 +137,6 @@ class TitanTrainer(ForgeActor):
         await self.publisher.wait()
 
     @endpoint
-    async def save(self, extra_state: dict | None = None) -> str:
-        return str(self.engine.save(extra_state))
-
-    @endpoint
-    async def load(self, step: int | None = None) -> dict:
-        return self.engine.load(step)
-
-    @endpoint
     async def save_to(self, directory: str) -> str:
         """Model, optimizer, LR schedule and step into `directory` (DCP; every rank writes)."""
         return str(self.engine.save_to(directory))
@@ -154,10 +146,6 @@ class TitanTrainer(ForgeActor):
         """Restores what `save_to` wrote; returns the restored step."""
         self.engine.load_from(directory)
         return self.engine.step
-
-    @endpoint
-    async def latest_checkpoint(self) -> int | None:
-        return self.engine.latest_step()
 
     @endpoint
     async def export_hf(

@@ -55,7 +55,7 @@ def read_prompt_target_rows(
     that names the file, the columns it has, and the config keys (``keys_hint``) that choose them;
     a prompt that is neither a string nor chat messages, or a row without a target, names the
     file, the row (counted from 1) and the column."""
-    from forge.data.sft_loading import load_split
+    from forge.data.files import load_split
 
     dataset = load_split(path, "train")
     columns = dataset.column_names

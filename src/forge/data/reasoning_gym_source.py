@@ -16,7 +16,7 @@ eval set, less any whose question is also a training question. Rows are a functi
 alone, so a run resumes from its cursor's (epoch, position) like the other sources.
 
 A row's target is JSON, ``{"task", "config", "index", "answer"}``: what the ``reasoning_gym``
-reward (`forge.data.reasoning_gym_reward`) needs to build the same item again and score the
+reward (`forge.rewards.reasoning_gym_reward`) needs to build the same item again and score the
 response with the task's own ``score_answer``. The item is rebuilt rather than carried because
 its metadata holds tuples and other values that JSON would change (arc tasks then score a
 right answer 0.05); the answer is there for the reader, and for the reward to check that it

@@ -3,7 +3,7 @@
 A row is ``{"prompt": "37+48=", "target": "85", "completion": "85"}``: ``target`` is the
 answer the reward compares against, ``completion`` is the gold response text for SFT (no
 eos: the SFT collator appends it). With ``answer_format="tagged"`` the gold response is
-``<answer>85</answer>`` instead; the reward (``forge.data.rewards.toy_task_reward``)
+``<answer>85</answer>`` instead; the reward (``forge.rewards.functions.toy_task_reward``)
 accepts either. With ``answer_format="calc"`` a row also holds ``messages``, a demonstration
 of the calculator tool (``forge.envs.tool_env``, tag format) for multi-turn SFT: the user's
 problem, the assistant's call ``<calc>37+48</calc>``, the tool's ``<result>85</result>``, and

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from forge.actors.trainer import TitanTrainer
-from forge.data.shares import share_of
 from forge.data.types import Completion, Episode
+from forge.engines.titan.shares import share_of
 from forge.observability import MetricsConfig, Reduce, get_metric_logger, record_metric
 from forge.observability.progress import Progress
 from forge.observability.rollouts import (

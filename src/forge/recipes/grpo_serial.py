@@ -29,8 +29,6 @@ from forge.actors.generator import build_generation_engine
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.episode_buffer import EpisodeBuffer
 from forge.data.prompts import PromptCursor, load_prompt_rows
-from forge.data.reward_scoring import RewardScorer
-from forge.data.rewards import get_reward_fn
 from forge.data.types import Completion, Episode
 from forge.engines.generation import to_completions
 from forge.engines.titan.engine import TitanEngine
@@ -40,6 +38,8 @@ from forge.envs.sessions import LocalEnvironments
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
 from forge.observability.collector import pop_state
+from forge.rewards.functions import get_reward_fn
+from forge.rewards.scorer import RewardScorer
 from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses import build_loss

@@ -1,5 +1,6 @@
 """The SFT recipe's reusable pieces: data preparation, data-parallel shares of a batch,
-held-out evaluation through the trainer actor, and greedy accuracy of an exported model.
+held-out evaluation through the trainer actor, run checkpoints, and greedy accuracy of an
+exported model.
 
 Data preparation runs in the controller process, before any actor starts, so that a bad
 file or column fails in a second with a clear message instead of after a mesh spawned.
@@ -15,15 +16,16 @@ from pydantic import Field, model_validator
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from forge.data.chat_prompts import PromptRenderer
-from forge.data.rewards import RewardFn
-from forge.data.sft import SFTData, SFTDataConfig, build_sft_data
-from forge.data.sft_loader import eval_batches
 from forge.data.tokenizer import embedded_tokenizer
 from forge.data.toy_task import ToyTaskConfig, make_splits, write_jsonl
 from forge.engines.generation import SamplingParams
 from forge.engines.hf_generate import HFGenerateEngine
 from forge.observability import record_metric
+from forge.rewards.functions import RewardFn
 from forge.rl.batch import PolicyBatch
+from forge.runs.checkpoint import RunCheckpointer, controller_rng_state, set_controller_rng_state
+from forge.sft.batches import SFTDataLoader, eval_batches
+from forge.sft.dataset import SFTData, SFTDataConfig, build_sft_data
 
 
 class SFTRecipeDataConfig(SFTDataConfig):
@@ -152,6 +154,25 @@ async def evaluate_loss(trainer, data: SFTData, batch_size: int, ranks: int) -> 
     for key, value in metrics.items():
         record_metric(key, value)
     return metrics
+
+
+async def save_checkpoint(checkpoints: RunCheckpointer, step: int, trainer, loader: SFTDataLoader) -> Path:
+    """A run checkpoint of `step`: the trainer's state (model, optimizer, LR schedule, step), the
+    loader's position and this process's RNG states."""
+    state = {"step": step, "data": loader.state_dict(), "rng": controller_rng_state()}
+    return await checkpoints.write(trainer, state)
+
+
+async def restore_checkpoint(checkpoints: RunCheckpointer, trainer, loader: SFTDataLoader) -> int | None:
+    """Puts the trainer, the loader and the RNG states back as the newest intact checkpoint
+    saved them; returns its step (None: there is no checkpoint)."""
+    path = checkpoints.newest_intact()
+    if path is None:
+        return None
+    state = await checkpoints.read(path, trainer)
+    loader.load_state_dict(state["data"])
+    set_controller_rng_state(state["rng"])
+    return state["step"]
 
 
 def greedy_exact_match(

@@ -1,16 +1,18 @@
-"""Run checkpoints: everything a GRPO run needs to continue, complete or absent.
+"""Run checkpoints: everything a run (GRPO or SFT) needs to continue, complete or absent.
 
-Layout under ``output_dir/checkpoints``::
+Layout under ``output_dir/checkpoints`` (SFT: ``run_dir/checkpoints``)::
 
     step_00000010/trainer/       the trainer's DCP checkpoint (model, optimizer, LR schedule, step)
-    step_00000010/run_state.pt   replay buffer (episodes, RNG, counts), dataset cursor, the RNG
-                                 states of the controller and the generator, weight version,
-                                 metric step, eval history
+    step_00000010/run_state.pt   the step and the run's own state: GRPO's replay buffer (episodes,
+                                 RNG, counts), dataset cursor, the RNG states of the controller and
+                                 the generator, weight version, metric step, eval history; SFT's
+                                 data loader position and the controller's RNG states
     step_00000010/manifest.json  size and SHA-256 of every other file (forge.runs.manifest)
 
 A checkpoint is written as ``step_XXXXXXXX.tmp``, its manifest last, and renamed when all of
 it is on disk, so a run killed while saving leaves no directory that looks complete. Only the
-newest ``keep`` are kept.
+newest ``keep`` are kept. `RunCheckpointer.write` and `read` do this for any run state;
+`save`, `restore` and `resume` gather and put back GRPO's (SFT's: forge.recipes.sft).
 
 Resuming runs none of a checkpoint's code, so that resuming from a run directory someone else
 wrote is safe: ``run_state.pt`` is loaded with ``torch.load(weights_only=True)``, which builds
@@ -32,7 +34,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from pydantic import Field
@@ -57,10 +59,10 @@ _RUN_STATE_CLASSES = [Episode, Completion, Turn]
 class CheckpointConfig(ForgeConfigModel):
     every: int = Field(50, ge=0, description="save every N steps and at the last (0: never)")
     keep: int = Field(2, ge=1, description="newest checkpoints kept on disk")
-    # The final policy is always exported to output_dir/export; this also exports every N steps.
-    export_every: int = Field(0, ge=0, description="also export every N steps (0: only at the end)")
-    # The exported weights' dtype; None keeps the starting checkpoint's (its config.json's).
-    export_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether `step` saves a checkpoint (`last`: the run's final step)."""
+        return self.every > 0 and (last or step % self.every == 0)
 
 
 @dataclass
@@ -178,7 +180,7 @@ class RunCheckpointer:
             )
         return None
 
-    def check_start(self, resume: bool | str) -> None:
+    def check_start(self, resume: bool | str, dir_key: str = "output_dir") -> None:
         """A run that does not resume must not mix its checkpoints with another run's; one that
         does (`true`, or `auto`) needs an intact checkpoint when there are any, and with `true`
         at least one (checked before actors start, so that it fails in seconds; `resume`
@@ -187,7 +189,7 @@ class RunCheckpointer:
         if existing and not resume:
             raise ValueError(
                 f"{self.root} already holds checkpoints (newest: {existing[-1].name}): pass resume=true "
-                "to continue that run, or choose another output_dir"
+                f"to continue that run, or choose another {dir_key}"
             )
         if resume is True and not existing:
             raise ValueError(
@@ -198,24 +200,26 @@ class RunCheckpointer:
             self.newest_intact(warn=False)
 
     async def save(self, progress: Progress, actors: RunActors) -> Path:
-        final = self.root / f"step_{progress.step:08d}"
-        tmp = final.with_name(final.name + _TMP_SUFFIX)
-        self.root.mkdir(parents=True, exist_ok=True)
-        for leftover in self.root.glob(f"step_*{_TMP_SUFFIX}"):  # of a save that was killed
-            shutil.rmtree(leftover)
-        tmp.mkdir()
-        await actors.trainer.save_to.route(str((tmp / TRAINER_DIR).resolve()))
         state = {
             "step": progress.step,
             "version": progress.version,
             "history": progress.history,
             "replay_buffer": await actors.replay_buffer.state_dict.route(),
             "dataset": await actors.dataset.state_dict.route(),
-            "rng": {
-                "controller": {"python": random.getstate(), "torch": torch.get_rng_state()},
-                "generator": await _generator_rng(actors),
-            },
+            "rng": {"controller": controller_rng_state(), "generator": await _generator_rng(actors)},
         }
+        return await self.write(actors.trainer, state)
+
+    async def write(self, trainer: Any, state: dict[str, Any]) -> Path:
+        """Checkpoint ``state["step"]``: the trainer's state (its `save_to` endpoint) and the
+        run's `state`, atomically, keeping the newest `keep`."""
+        final = self.root / f"step_{state['step']:08d}"
+        tmp = final.with_name(final.name + _TMP_SUFFIX)
+        self.root.mkdir(parents=True, exist_ok=True)
+        for leftover in self.root.glob(f"step_*{_TMP_SUFFIX}"):  # of a save that was killed
+            shutil.rmtree(leftover)
+        tmp.mkdir()
+        await trainer.save_to.route(str((tmp / TRAINER_DIR).resolve()))
         blob = io.BytesIO()
         torch.save(state, blob)
         # Fails now, not at the resume: a value that loading would refuse.
@@ -234,19 +238,24 @@ class RunCheckpointer:
         logger.info("saved run checkpoint %s", final)
         return final
 
-    async def restore(self, path: Path, actors: RunActors) -> Progress:
-        """Puts every actor back in the state of checkpoint `path`; returns the loop's progress.
-        The trainer's weights still have to be published (as `progress.version`)."""
+    async def read(self, path: Path, trainer: Any) -> dict[str, Any]:
+        """Puts the trainer back in the state of checkpoint `path` (its `load_from` endpoint);
+        returns the run state `write` saved with it."""
         state = safe_load(path / STATE_FILE, str(path / STATE_FILE), _RUN_STATE_CLASSES)
-        trainer_step = await actors.trainer.load_from.route(str((path / TRAINER_DIR).resolve()))
+        trainer_step = await trainer.load_from.route(str((path / TRAINER_DIR).resolve()))
         if trainer_step != state["step"]:
             raise ValueError(
                 f"{path}: the trainer is at step {trainer_step}, the run state at {state['step']}"
             )
+        return state
+
+    async def restore(self, path: Path, actors: RunActors) -> Progress:
+        """Puts every actor back in the state of checkpoint `path`; returns the loop's progress.
+        The trainer's weights still have to be published (as `progress.version`)."""
+        state = await self.read(path, actors.trainer)
         await actors.replay_buffer.load_state_dict.route(state["replay_buffer"])
         await actors.dataset.load_state_dict.route(state["dataset"])
-        random.setstate(state["rng"]["controller"]["python"])
-        torch.set_rng_state(state["rng"]["controller"]["torch"])
+        set_controller_rng_state(state["rng"]["controller"])
         if state["rng"]["generator"] is not None and not actors.generator.replaces_failed_replicas:
             await actors.generator.load_rng_state.route_within(
                 actors.generator_deadline_s, state["rng"]["generator"]
@@ -268,6 +277,16 @@ class RunCheckpointer:
         if metrics_path:
             drop_metrics_after(Path(metrics_path), progress.last_kept_step)
         return progress
+
+
+def controller_rng_state() -> dict[str, Any]:
+    """This process's Python and torch RNG states, for a checkpoint."""
+    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+
+
+def set_controller_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
 
 
 async def _generator_rng(actors: RunActors) -> dict | None:

@@ -182,7 +182,12 @@ class GRPOLoops:
         """Waits only for a batch; publishing the new weights overlaps the next step."""
         cfg, trainer, history = self.cfg, self.actors.trainer, progress.history
         explain_starvation = functools.partial(
-            starvation_report, self.counts, self.actors.replay_buffer, self.actors.reward, cfg.replay_buffer
+            starvation_report,
+            self.counts,
+            self.actors.replay_buffer,
+            self.actors.reward,
+            cfg.replay_buffer,
+            self.actors.reward_models,
         )
         display = ProgressDisplay(cfg.max_steps, desc="grpo", initial=progress.step)
         if progress.step == 0 and cfg.eval.every:
@@ -245,8 +250,8 @@ class GRPOLoops:
     async def _save(self, step: int, version: int, history: dict) -> None:
         """The step's checkpoint and export, when the config asks for them."""
         cfg = self.cfg
-        every, last = cfg.checkpoint.every, step == cfg.max_steps
-        if every and (step % every == 0 or last):
+        last = step == cfg.max_steps
+        if cfg.checkpoint.due(step, last):
             async with self.pause.paused():
                 await self.checkpoints.save(Progress(step, version, history), self.saved)
                 if self.recorder is not None:

@@ -44,12 +44,18 @@ async def wait_for_batch(batch: Awaitable, timeout_s: float, explain: Callable[[
         ) from None
 
 
-async def starvation_report(rollouts: RolloutCounts, replay_buffer, reward, buffer_config) -> str:
+async def starvation_report(
+    rollouts: RolloutCounts, replay_buffer, reward, buffer_config, reward_models=None
+) -> str:
     """Counts since the start that explain a starving trainer (`buffer_config`: a
-    `ReplayBufferConfig`)."""
+    `ReplayBufferConfig`). Reward errors and timeouts are every source's: the reward actor's
+    functions and server, and the reward models (`forge.actors.reward_models.RewardModels`,
+    called from this process)."""
     max_policy_age, batch_size = buffer_config.max_policy_age, buffer_config.batch_size
     buffer = await replay_buffer.counts.route()
     rewards = await reward.counts.route()
+    if reward_models is not None:
+        rewards = {kind: n + reward_models.counts[kind] for kind, n in rewards.items()}
     return (
         f"Since the start: {rollouts.groups} groups generated, {rollouts.groups_skipped} skipped for no "
         f"signal (all rewards of the group equal; see rollout.skip_groups_without_signal), "

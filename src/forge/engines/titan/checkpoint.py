@@ -1,14 +1,11 @@
-"""Atomic training checkpoints with torch.distributed.checkpoint (DCP).
+"""Training state in torch.distributed.checkpoint (DCP), loaded safely.
 
 We call DCP directly rather than through torchtitan's ``CheckpointManager``: the manager saves
 only on its own interval (its "last step" save keeps the model alone), writes straight into
-``step-N`` and, when scanning, takes any name containing ``step-N`` (so a ``step-N.tmp`` could
-not coexist with it), refuses ``keep_latest_k=1``, and on a missing folder falls back to its
-initial-load settings. What we need is small: save now, write to ``step-N.tmp`` and rename when
-complete, find the latest complete one.
-
-Layout: ``<folder>/step-<N>/`` holds a DCP checkpoint (``.metadata`` plus shards) of the model,
-optimizer, LR scheduler and a ``train_state`` (step and the caller's ``extra_state``).
+``step-N`` with no temporary name, refuses ``keep_latest_k=1``, and on a missing folder falls
+back to its initial-load settings. What a run needs is small: ``save_dcp`` the model,
+optimizer, LR scheduler and a ``TrainState`` into a directory, ``load_dcp`` them back; a run
+checkpoint (forge.runs.checkpoint) makes that directory part of an atomic, verified checkpoint.
 
 Loading runs none of a checkpoint's code, so that a checkpoint from someone else is safe to
 load: DCP itself unpickles ``.metadata`` and non-tensor values with plain pickle, which calls
@@ -18,11 +15,8 @@ records; plain Python values, tensors and the ``BytesIO`` holding ``extra_state`
 
 import contextlib
 import io
-import logging
 import os
 import pickle
-import re
-import shutil
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,11 +31,6 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.stateful import Stateful
-
-logger = logging.getLogger(__name__)
-
-_COMPLETE_NAME = re.compile(r"step-(\d+)")
-_TMP_SUFFIX = ".tmp"
 
 
 class TrainState(Stateful):
@@ -99,75 +88,6 @@ def _refusal(error: pickle.UnpicklingError) -> str:
     # would run the file's code, and a link to its docs: keep the reason alone.
     lines = [line for line in str(error).splitlines() if "GLOBAL" in line or "Unsupported" in line]
     return " ".join(lines) or str(error)
-
-
-class Checkpointer:
-    """Saves and loads ``step-N`` checkpoints in ``folder``; every rank calls every method."""
-
-    def __init__(self, folder: str | os.PathLike, keep_latest_k: int) -> None:
-        self.folder = Path(folder)
-        self.keep_latest_k = keep_latest_k
-
-    def step_dir(self, step: int) -> Path:
-        return self.folder / f"step-{step}"
-
-    def complete_steps(self) -> list[int]:
-        """Steps with a complete checkpoint, ascending. Complete: renamed from ``.tmp`` (which
-        happens only after DCP returned) and holding DCP's ``.metadata``, which DCP writes last."""
-        if not self.folder.is_dir():
-            return []
-        steps = []
-        for entry in self.folder.iterdir():
-            match = _COMPLETE_NAME.fullmatch(entry.name)
-            if match and (entry / ".metadata").is_file():
-                steps.append(int(match.group(1)))
-        return sorted(steps)
-
-    def latest_step(self) -> int | None:
-        steps = self.complete_steps()
-        return steps[-1] if steps else None
-
-    def save(self, step: int, states: dict[str, Any]) -> Path:
-        final_dir = self.step_dir(step)
-        tmp_dir = final_dir.with_name(final_dir.name + _TMP_SUFFIX)
-        if dist.get_rank() == 0:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            # Leftovers of a save that crashed; only this engine writes this folder.
-            for leftover in self.folder.glob(f"step-*{_TMP_SUFFIX}"):
-                shutil.rmtree(leftover)
-        dist.barrier()
-        save_dcp(states, tmp_dir)
-        # DCP returns on every rank only after rank 0 wrote .metadata, so the data is complete.
-        if dist.get_rank() == 0:
-            if final_dir.exists():
-                shutil.rmtree(final_dir)
-            tmp_dir.rename(final_dir)
-            _fsync_dir(self.folder)
-            self._purge()
-        dist.barrier()
-        logger.info("saved checkpoint %s", final_dir)
-        return final_dir
-
-    def load(self, states: dict[str, Any], step: int | None = None) -> int:
-        """Load ``step`` (default: the latest complete one) into ``states`` in place."""
-        if step is None:
-            step = self.latest_step()
-            if step is None:
-                raise FileNotFoundError(f"no complete checkpoint (step-N/.metadata) in {self.folder}")
-        elif step not in self.complete_steps():
-            raise FileNotFoundError(
-                f"no complete checkpoint for step {step} in {self.folder}; "
-                f"complete steps: {self.complete_steps()}"
-            )
-        load_dcp(states, self.step_dir(step))
-        logger.info("loaded checkpoint %s", self.step_dir(step))
-        return step
-
-    def _purge(self) -> None:
-        if self.keep_latest_k == 0:
-            return
-        for step in self.complete_steps()[: -self.keep_latest_k]:
-            shutil.rmtree(self.step_dir(step))
 
 
 def save_dcp(states: dict[str, Any], directory: str | os.PathLike) -> None:
@@ -273,15 +193,6 @@ class _SafeLoadPlanner(DefaultLoadPlanner):
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the rename itself durable, not only the files DCP already synced.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _single_process() -> bool:

@@ -126,20 +126,12 @@ class TrainingConfig(_Section):
     activation_checkpoint: Literal["none", "full", "selective"] = "none"
 
 
-class CheckpointConfig(_Section):
-    folder: str | None = None
-    """Where ``step-N`` checkpoints go; saving or loading without a folder is an error."""
-    keep_latest_k: int = Field(default=2, ge=0)
-    """Complete checkpoints to keep; 0 keeps all."""
-
-
 class TitanEngineConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     lr_scheduler: LRSchedulerConfig = Field(default_factory=LRSchedulerConfig)
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
     @model_validator(mode="after")
     def _seq_len_splits(self) -> "TitanEngineConfig":

@@ -34,7 +34,7 @@ from torchtitan.protocols.train_spec import get_train_spec
 from torchtitan.tools.utils import set_default_dtype
 
 from forge.engines.titan.attention import rows_metadata, use_document_attention
-from forge.engines.titan.checkpoint import Checkpointer, TrainState, load_dcp, save_dcp
+from forge.engines.titan.checkpoint import TrainState, load_dcp, save_dcp
 from forge.engines.titan.checkpoint_model import check_config_agrees, read_checkpoint_model
 from forge.engines.titan.compute_weights import ComputeWeights
 from forge.engines.titan.config import TitanEngineConfig
@@ -129,8 +129,6 @@ class TitanEngine:
         else:
             self.model.eval()
             self.model.requires_grad_(False)
-        folder = config.checkpoint.folder
-        self._checkpointer = Checkpointer(folder, config.checkpoint.keep_latest_k) if folder else None
         logger.info(
             "built %s on %s (%d parameters, trainable=%s)",
             self.model_description,
@@ -482,22 +480,9 @@ class TitanEngine:
         dist.barrier()
         return Path(out_dir)
 
-    def save(self, extra_state: dict[str, Any] | None = None) -> Path:
-        """Checkpoint model, optimizer, LR scheduler, step and ``extra_state`` as ``step-<self.step>``."""
-        self._require_trainable("save")
-        train_state = TrainState(self.step, extra_state)
-        return self._require_checkpointer().save(self.step, self._checkpoint_states(train_state))
-
-    def load(self, step: int | None = None) -> dict[str, Any]:
-        """Restore a checkpoint (default: the latest complete one); returns its ``extra_state``."""
-        self._require_trainable("load")
-        train_state = TrainState()
-        self._require_checkpointer().load(self._checkpoint_states(train_state), step)
-        self.step = train_state.step
-        return train_state.extra_state
-
     def save_to(self, directory: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
-        """Like ``save``, into ``directory`` (a caller that makes a larger checkpoint atomic)."""
+        """Model, optimizer, LR scheduler, step and ``extra_state`` as a DCP checkpoint in
+        ``directory``; not atomic by itself (forge.runs.checkpoint makes the run's checkpoint so)."""
         self._require_trainable("save_to")
         save_dcp(self._checkpoint_states(TrainState(self.step, extra_state)), directory)
         return Path(directory)
@@ -510,10 +495,6 @@ class TitanEngine:
         self.step = train_state.step
         return train_state.extra_state
 
-    def latest_step(self) -> int | None:
-        """Step of the latest complete checkpoint, or None."""
-        return self._require_checkpointer().latest_step()
-
     def _checkpoint_states(self, train_state: TrainState) -> dict[str, Any]:
         return {
             "model": ModelWrapper(self.model),
@@ -525,11 +506,6 @@ class TitanEngine:
     def _require_trainable(self, what: str) -> None:
         if not self.trainable:
             raise RuntimeError(f"{what} needs a trainable engine; this one was built with trainable=False")
-
-    def _require_checkpointer(self) -> Checkpointer:
-        if self._checkpointer is None:
-            raise ValueError("checkpointing needs checkpoint.folder in the engine config")
-        return self._checkpointer
 
 
 def _gather(tensor: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,9 @@ from collections.abc import Sequence
 
 import torch
 
-from forge.data.shares import Share, share_of
 from forge.data.types import Completion
 from forge.engines.titan.engine import TitanEngine
+from forge.engines.titan.shares import Share, share_of
 from forge.rl.batch import pad_sequences, response_rows
 
 
@@ -25,7 +25,7 @@ def completion_logprobs(
 
 def share_logprobs(engine: TitanEngine, completions: Sequence[Completion], temperature: float = 1.0) -> Share:
     """``completion_logprobs`` of this rank's data-parallel share of ``completions``
-    (``forge.data.shares``; ``join_shares`` puts the ranks' shares back in order). Every rank of
+    (``forge.engines.titan.shares``; ``join_shares`` puts the ranks' shares back in order). Every rank of
     the engine's process group must call it, with the same completions."""
     share = share_of(completions, engine.dp_rank, engine.dp_size)
     if share:

@@ -1,8 +1,8 @@
-"""Splitting a list among data-parallel ranks and joining their results back (forge.data.shares)."""
+"""Splitting a list among data-parallel ranks and joining their results back (forge.engines.titan.shares)."""
 
 import pytest
 
-from forge.data.shares import Share, join_shares, share_bounds, share_of
+from forge.engines.titan.shares import Share, join_shares, share_bounds, share_of
 
 
 @pytest.mark.parametrize(

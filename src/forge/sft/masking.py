@@ -46,11 +46,11 @@ to stop. Trailing whitespace the template writes between turns (ChatML's ``\\n``
 Likewise a prompt/completion example ends with ``eos_token``, which is trained.
 
 The first token of every example never carries loss: nothing in the example predicts it.
-That also keeps packed rows exact (see ``sft_collate``).
+That also keeps packed rows exact (see ``forge.sft.collate``).
 
 The result is one ``input_ids`` list and one ``loss_mask`` list of the same length, where
 ``loss_mask[t] == 1`` means "token ``t`` is a target" (predicted from tokens ``< t``);
-``sft_collate`` applies the shift.
+``forge.sft.collate`` applies the shift.
 """
 
 from collections.abc import Sequence
@@ -154,7 +154,7 @@ def _assistant_span(
             f"cannot locate assistant message {index} in the chat template's rendering of the "
             f"conversation: {why}. The template must write each assistant content in one place, "
             "open the turn with its generation prompt and close it with the same marker wherever "
-            "the turn stands (see forge.data.sft_masking)"
+            "the turn stands (see forge.sft.masking)"
         )
 
     # Where the content goes: all that changes when only this message's content changes.

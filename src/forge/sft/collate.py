@@ -20,7 +20,7 @@ per-document attention mask, so a token may attend to the earlier documents of i
 and RoPE positions run on across documents, as in TorchTitan's pre-training loader. The
 loss mask stays exact per document: each document's trained tokens are exactly its
 unpacked ones, and the first token of every document is never a target (see
-``sft_masking``), so no loss is taken on predicting one document from the previous one.
+``forge.sft.masking``), so no loss is taken on predicting one document from the previous one.
 Per-document position ids are not produced: without a matching attention mask they
 would give a document negative distances to the one before it.
 """

@@ -8,8 +8,8 @@ from pydantic import ValidationError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from forge.data.sft import SFTDataConfig, build_sft_data, build_sft_loader
-from forge.data.sft_masking import render_messages
+from forge.sft.dataset import SFTDataConfig, build_sft_data, build_sft_loader
+from forge.sft.masking import render_messages
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"

@@ -6,12 +6,12 @@ Configs name them by their key in ``REWARD_FUNCTIONS`` or ``IMPORTED_REWARD_FUNC
 | name          | values                                                                       |
 |---------------|------------------------------------------------------------------------------|
 | `exact_match` | 1.0 when the stripped response, or the content of its last `<answer>` tag, equals the stripped target; else 0.0 |
-| `math_verify` | 1.0 when the answer (the last `<answer>` block, else what math-verify finds in the response: `\\boxed{}` answers first) equals the target as mathematics, by math-verify: `\\sqrt{8}` = `2\\sqrt{2}`, `x=2` = `2`, sets, intervals, `\\dfrac`, units; 0.0 otherwise (`forge.data.math_verify_reward`) |
+| `math_verify` | 1.0 when the answer (the last `<answer>` block, else what math-verify finds in the response: `\\boxed{}` answers first) equals the target as mathematics, by math-verify: `\\sqrt{8}` = `2\\sqrt{2}`, `x=2` = `2`, sets, intervals, `\\dfrac`, units; 0.0 otherwise (`forge.rewards.math_verify_reward`) |
 | `math_answer` | 1.0 when the answer in the last `\\boxed{...}` or `<answer>...</answer>` equals the target numerically (integers exactly, others to a relative 1e-4) or, when not numeric, as text without whitespace; 0.0 otherwise, including when there is no tagged answer |
 | `format`      | 1.0 for `<think>...</think><answer>...</answer>`, 0.5 for `<answer>...</answer>` alone, 0.25 for one answer block with other text around it, 0.0 otherwise |
 | `toy_task`    | 1.0 for the right number (bare or in `<answer>` tags), 0.1 for a wrong but well-formed integer, 0.0 otherwise |
-| `reasoning_gym` | the score, in [0, 1], of the `<answer>` block by the reasoning-gym task that made the row (`dataset.source: reasoning_gym`; `forge.data.reasoning_gym_reward`) |
-| `distinct`    | a group reward: 1/k for a response that k responses of its group share (whitespace aside), 1.0 for one unlike the others (`forge.data.group_rewards`) |
+| `reasoning_gym` | the score, in [0, 1], of the `<answer>` block by the reasoning-gym task that made the row (`dataset.source: reasoning_gym`; `forge.rewards.reasoning_gym_reward`) |
+| `distinct`    | a group reward: 1/k for a response that k responses of its group share (whitespace aside), 1.0 for one unlike the others (`forge.rewards.group_functions`) |
 
 Math answers: use `math_verify`. `math_answer` is for answers that are plain numbers when the
 cost of SymPy matters (microseconds a call, against milliseconds, and nothing that can hang), or
@@ -28,7 +28,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-from forge.data.group_rewards import distinct_in_group, group_reward  # noqa: F401 (re-exported)
+from forge.rewards.group_functions import distinct_in_group, group_reward  # noqa: F401 (re-exported)
 
 RewardFn = Callable[[str, str, str], float]
 
@@ -155,8 +155,8 @@ REWARD_FUNCTIONS: dict[str, RewardFn] = {
 # Built-ins whose libraries are slow to import (SymPy; reasoning-gym's hundred generators), by
 # import path: imported only for a config that names them, so importing this module stays cheap.
 IMPORTED_REWARD_FUNCTIONS: dict[str, str] = {
-    "math_verify": "forge.data.math_verify_reward:math_verify_reward",
-    "reasoning_gym": "forge.data.reasoning_gym_reward:reasoning_gym_reward",
+    "math_verify": "forge.rewards.math_verify_reward:math_verify_reward",
+    "reasoning_gym": "forge.rewards.reasoning_gym_reward:reasoning_gym_reward",
 }
 
 

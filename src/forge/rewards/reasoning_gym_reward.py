@@ -8,7 +8,7 @@ partial credit included. A task whose ``score_answer`` raises on a malformed ans
 ``prime_factorization`` on text that is not numbers) scores ``reward.error_reward`` for it,
 counted in ``reward/reasoning_gym/errors``.
 
-This module imports reasoning-gym (about 2 s) when it is imported: `forge.data.rewards` imports it
+This module imports reasoning-gym (about 2 s) when it is imported: `forge.rewards.functions` imports it
 only for a config that names the reward, and the reward worker imports it once, before it forks
 the processes that score.
 """

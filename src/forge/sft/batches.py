@@ -15,7 +15,7 @@ import datasets
 import numpy as np
 import torch
 
-from forge.data.sft_collate import collate_rows
+from forge.sft.collate import collate_rows
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ STATE_KEYS = ("epoch", "position", "seed")
 
 
 class SFTDataLoader:
-    """Infinite iterator of training batches (see ``sft_collate`` for the batch layout).
+    """Infinite iterator of training batches (see ``forge.sft.collate`` for the batch layout).
 
     Every batch has ``batch_size`` rows; a batch that reaches the end of an epoch goes on
     with the start of the next one.

@@ -9,7 +9,7 @@ response of the group: the prompts (equal, except after several turns, when each
 its own conversation before it), the responses and the targets (the row's, repeated), and
 returns one finite number per response, in order. Anything else (another length, a value that
 is not a finite number, an exception, a hang) scores ``reward.error_reward`` for the whole group
-and is counted as one error or timeout of the function (`forge.data.reward_scoring`).
+and is counted as one error or timeout of the function (`forge.rewards.scorer`).
 """
 
 from collections import Counter

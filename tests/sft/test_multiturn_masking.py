@@ -5,7 +5,7 @@ import re
 import pytest
 from chat_templates import CHATML_TEMPLATE, CONVERSATION, QWEN3_TEMPLATE, WITH_TOOL, bpe_tokenizer
 
-from forge.data.sft_masking import SFTExampleError, render_messages, tokenize_messages
+from forge.sft.masking import SFTExampleError, render_messages, tokenize_messages
 
 CHATML_TURN = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.DOTALL)
 FALLBACK_TURN = re.compile(r"assistant: (.*?<\|endoftext\|>)", re.DOTALL)

@@ -1,6 +1,7 @@
-"""The reward worker process (see `forge.data.reward_scoring`).
+"""The reward worker process (see `forge.rewards.scorer`), and `RewardWorker`, its handle in
+the process that scores.
 
-    python -u -m forge.data.reward_worker READ_FD WRITE_FD
+    python -u -m forge.rewards.worker READ_FD WRITE_FD
 
 It receives (reward function names, timeout_s), imports the functions and answers "ready"
 (or ``("error", why)``); then for each list of calls it receives, it sends back the list of
@@ -10,7 +11,7 @@ process, flood its output) costs only its runner, and the worker always answers.
 when its pipe from the parent closes, which is when the parent closes it or dies; runners
 die with it.
 
-A call of a group reward function (`forge.data.group_rewards`) scores a whole group: its
+A call of a group reward function (`forge.rewards.group_functions`) scores a whole group: its
 prompt, response and target are the group's lists, and its outcome is a list of floats, one
 per response. Outcomes are plain data (a float, a list of floats, or a (kind, why) pair of
 strings): this module runs as the script ``__main__``, and an instance of a class defined here
@@ -23,14 +24,15 @@ import ctypes
 import math
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
 from collections import deque
 from multiprocessing.connection import Connection, wait
 
-from forge.data.group_rewards import GroupRewardFn, is_group_reward
-from forge.data.rewards import RewardFn, get_reward_fn
+from forge.rewards.functions import RewardFn, get_reward_fn
+from forge.rewards.group_functions import GroupRewardFn, is_group_reward
 
 # (function index, prompt, response, target); for a group function, the group's lists of each.
 Call = tuple[int, str, str, str] | tuple[int, list[str], list[str], list[str]]
@@ -206,6 +208,74 @@ def serve(receive: Connection, send: Connection) -> None:
         if outcomes is None:
             return
         send.send(outcomes)
+
+
+# How long a fresh worker may take to import the reward functions' modules (not a call).
+WORKER_START_TIMEOUT_S = 300.0
+
+
+class RewardWorker:
+    """The worker process: started on first use, and again after it was lost."""
+
+    def __init__(self, names: list[str], timeout_s: float):
+        self.names = names
+        self.timeout_s = timeout_s
+        self._process: subprocess.Popen | None = None
+        self._send: Connection | None = None
+        self._receive: Connection | None = None
+
+    def start(self) -> None:
+        """Starts the process, unless it runs."""
+        if self._process is not None:
+            return
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        # The child resolves import paths exactly as this process does.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._process = subprocess.Popen(
+            # -u: what a reward function prints is written at once, not lost with its process.
+            [sys.executable, "-u", "-m", "forge.rewards.worker", str(to_child_r), str(from_child_w)],
+            pass_fds=(to_child_r, from_child_w),
+            stdin=subprocess.DEVNULL,  # a reward function reading input fails rather than waits
+            env=env,
+        )
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._send, self._receive = (
+            Connection(to_child_w, readable=False),
+            Connection(from_child_r, writable=False),
+        )
+        self._send.send((self.names, self.timeout_s))
+        if not self._receive.poll(WORKER_START_TIMEOUT_S):
+            self.close()
+            raise RuntimeError(f"the reward worker did not start within {WORKER_START_TIMEOUT_S:.0f} s")
+        ready = self._receive.recv()
+        if ready != "ready":  # a function could not be imported there
+            self.close()
+            raise RuntimeError(f"the reward worker could not load the reward functions: {ready[1]}")
+
+    def run(self, calls: list[Call]) -> list[Outcome]:
+        """The outcome of each call, in order (the worker always answers, or dies)."""
+        self.start()
+        try:
+            self._send.send(calls)
+            return self._receive.recv()
+        except (EOFError, OSError):
+            # Not a reward function's doing (none runs in the worker): it was killed from
+            # outside (the OOM killer, a signal). Its batch is lost; the next starts a new one.
+            code = self.close()
+            return [(ERROR, f"was lost with the reward worker (exit code {code})")] * len(calls)
+
+    def close(self) -> int | None:
+        """Kills the worker (its forked processes die with it); returns its exit code."""
+        if self._process is None:
+            return None
+        self._process.kill()
+        code = self._process.wait()
+        self._send.close()
+        self._receive.close()
+        self._process = self._send = self._receive = None
+        return code
 
 
 if __name__ == "__main__":

@@ -8,19 +8,19 @@ than ``timeout_s`` scores ``error_reward`` and is counted in ``reward/<name>/tim
 
 A hung call cannot be interrupted inside the process that runs it (Python cannot kill a
 thread, and C code may ignore signals), but a child process can be killed. So with a
-``timeout_s`` the functions run in a worker process (``forge.data.reward_worker``), which
+``timeout_s`` the functions run in a worker process (``forge.rewards.worker``), which
 imports them once and runs each batch of calls in processes forked from it: one for the
 whole batch, in order, while nothing fails; after a call fails, one per remaining call, all
 at once, so that the batch's hung calls time out together (a batch takes about two
-``timeout_s`` at most, not one per hung call; see `forge.data.reward_worker.run_batch`).
+``timeout_s`` at most, not one per hung call; see `forge.rewards.worker.run_batch`).
 Calls run at once share the machine's cores: a reward function that needs seconds of CPU per call
 wants a ``timeout_s`` well above that. Only plain data comes back from the worker.
 The worker exits when its pipe from this process closes: at `close`, or when this process
 dies however it dies; its forked processes die with it.
 
-A group reward function (`forge.data.group_rewards`) is called once per group, in the same
+A group reward function (`forge.rewards.group_functions`) is called once per group, in the same
 batch and under the same limits; a call of it that fails scores ``error_reward`` for every
-response of its group and counts once. A reward server (``remote``, `forge.data.remote_reward`)
+response of its group and counts once. A reward server (``remote``, `forge.rewards.remote`)
 scores the same responses over HTTP, in threads of this process, while the worker runs: it has
 its own timeouts and retries, and scores ``error_reward`` where it fails.
 """
@@ -28,91 +28,21 @@ its own timeouts and retries, and scores ``error_reward`` where it fails.
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
-from multiprocessing.connection import Connection
 
-from forge.data.group_rewards import is_group_reward
-from forge.data.remote_reward import REMOTE, RemoteRewardConfig, RemoteScorer
-from forge.data.reward_worker import ERROR, TIMEOUT, Call, Outcome, call_here
-from forge.data.rewards import get_reward_fn
 from forge.observability import Reduce, record_metric
+from forge.rewards.functions import get_reward_fn
+from forge.rewards.group_functions import is_group_reward
+from forge.rewards.remote import REMOTE, RemoteRewardConfig, RemoteScorer
+from forge.rewards.worker import ERROR, TIMEOUT, Call, Outcome, RewardWorker, call_here
 
 logger = logging.getLogger(__name__)
 
-# How long a fresh worker may take to import the reward functions' modules (not a call).
-WORKER_START_TIMEOUT_S = 300.0
 COUNTERS = {ERROR: "errors", TIMEOUT: "timeouts"}
-
-
-class RewardWorker:
-    """The worker process: started on first use, and again after it was lost."""
-
-    def __init__(self, names: list[str], timeout_s: float):
-        self.names = names
-        self.timeout_s = timeout_s
-        self._process: subprocess.Popen | None = None
-        self._send: Connection | None = None
-        self._receive: Connection | None = None
-
-    def start(self) -> None:
-        """Starts the process, unless it runs."""
-        if self._process is not None:
-            return
-        to_child_r, to_child_w = os.pipe()
-        from_child_r, from_child_w = os.pipe()
-        # The child resolves import paths exactly as this process does.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._process = subprocess.Popen(
-            # -u: what a reward function prints is written at once, not lost with its process.
-            [sys.executable, "-u", "-m", "forge.data.reward_worker", str(to_child_r), str(from_child_w)],
-            pass_fds=(to_child_r, from_child_w),
-            stdin=subprocess.DEVNULL,  # a reward function reading input fails rather than waits
-            env=env,
-        )
-        os.close(to_child_r)
-        os.close(from_child_w)
-        self._send, self._receive = (
-            Connection(to_child_w, readable=False),
-            Connection(from_child_r, writable=False),
-        )
-        self._send.send((self.names, self.timeout_s))
-        if not self._receive.poll(WORKER_START_TIMEOUT_S):
-            self.close()
-            raise RuntimeError(f"the reward worker did not start within {WORKER_START_TIMEOUT_S:.0f} s")
-        ready = self._receive.recv()
-        if ready != "ready":  # a function could not be imported there
-            self.close()
-            raise RuntimeError(f"the reward worker could not load the reward functions: {ready[1]}")
-
-    def run(self, calls: list[Call]) -> list[Outcome]:
-        """The outcome of each call, in order (the worker always answers, or dies)."""
-        self.start()
-        try:
-            self._send.send(calls)
-            return self._receive.recv()
-        except (EOFError, OSError):
-            # Not a reward function's doing (none runs in the worker): it was killed from
-            # outside (the OOM killer, a signal). Its batch is lost; the next starts a new one.
-            code = self.close()
-            return [(ERROR, f"was lost with the reward worker (exit code {code})")] * len(calls)
-
-    def close(self) -> int | None:
-        """Kills the worker (its forked processes die with it); returns its exit code."""
-        if self._process is None:
-            return None
-        self._process.kill()
-        code = self._process.wait()
-        self._send.close()
-        self._receive.close()
-        self._process = self._send = self._receive = None
-        return code
 
 
 class RewardScorer:
     """Scores responses with weighted reward functions (see the module docstring) and, with
-    ``remote``, a reward server (`forge.data.remote_reward`), group by group.
+    ``remote``, a reward server (`forge.rewards.remote`), group by group.
 
     ``timeout_s=None`` runs the functions in this process, with no time limit. Metrics are
     recorded under ``metric_prefix`` (``eval/reward`` for the eval's scorer).

@@ -7,9 +7,9 @@ response's last ``<answer>...</answer>`` block when it has one, else whatever ma
 extracts from the whole response: its ``\\boxed{}`` answers (several make a set, so the hedge
 ``\\boxed{3}, or \\boxed{4}`` does not match the target 4), else its last expression.
 
-This module imports math-verify (and SymPy) when it is imported: `forge.data.rewards` imports it
+This module imports math-verify (and SymPy) when it is imported: `forge.rewards.functions` imports it
 only for a config that names the reward, and the reward worker imports it once, before it forks
-the processes that score (see `forge.data.reward_worker`).
+the processes that score (see `forge.rewards.worker`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 
 from math_verify import grader, parse, parser, verify
 
-from forge.data.rewards import extract_tagged_answer
+from forge.rewards.functions import extract_tagged_answer
 
 # math-verify's own time limits use SIGALRM, which works on a process's main thread only and
 # cannot interrupt one long C call (``10^{10^{10}}`` hangs inside a single big-integer power).

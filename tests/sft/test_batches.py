@@ -6,7 +6,7 @@ import datasets
 import pytest
 import torch
 
-from forge.data.sft_loader import SFTDataLoader, eval_batches
+from forge.sft.batches import SFTDataLoader, eval_batches
 
 PAD_ID = 0
 LENGTHS = [5, 9, 3, 7, 4, 8, 6]

@@ -1,15 +1,13 @@
-"""Load an SFT dataset split and check that it has the columns its format needs."""
+"""Read one split of a dataset file (JSON, JSONL, Parquet), a local dataset folder or a Hub dataset:
+the rows SFT trains on and GRPO draws prompts from."""
 
 import json
 import logging
 from pathlib import Path
-from typing import Literal
 
 import datasets
 
 logger = logging.getLogger(__name__)
-
-SFTFormat = Literal["prompt_completion", "messages"]
 
 # Local files are read by the `datasets` builder that matches their extension.
 BUILDER_BY_EXTENSION = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -79,36 +77,3 @@ def check_json_lines(path: Path) -> None:
             raise ValueError(f"{path}, line {line_no}: not a JSON object ({e.msg})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}, line {line_no}: a row is a JSON object, got {type(row).__name__}")
-
-
-def resolve_format(
-    columns: list[str],
-    source: str,
-    requested: Literal["auto", "prompt_completion", "messages"],
-    prompt_column: str,
-    completion_column: str,
-    messages_column: str,
-) -> SFTFormat:
-    """The dataset's format ("auto" picks it from the columns); raises if a column it
-    needs is missing, naming the file, the column and the columns the file has."""
-    if requested == "auto":
-        if messages_column in columns:
-            return "messages"
-        if prompt_column in columns and completion_column in columns:
-            return "prompt_completion"
-        raise ValueError(
-            f"{source}: cannot tell the SFT format: expected a {messages_column!r} column (chat) or "
-            f"{prompt_column!r} and {completion_column!r} columns; the file has columns {columns}. "
-            "Set the format and column names in the SFT data config."
-        )
-    needed = {
-        "messages": {"messages_column": messages_column},
-        "prompt_completion": {"prompt_column": prompt_column, "completion_column": completion_column},
-    }[requested]
-    for key, column in needed.items():
-        if column not in columns:
-            raise ValueError(
-                f"{source}: missing column {column!r} needed by format {requested!r}; the file has "
-                f"columns {columns}. Set {key} in the SFT data config to the right column."
-            )
-    return requested

@@ -2,22 +2,21 @@
 
 Pipeline, one module per concern:
 
-- ``sft_loading``: read a split (local JSON / JSONL / Parquet, or a hub id) and check
-  its columns;
-- ``sft_masking``: render and tokenize each example, with loss only on completion /
+- ``forge.data.files``: read a split (local JSON / JSONL / Parquet, or a hub id);
+- this module: check its columns for the format, truncate or drop too-long examples (and
+  count them), and hold out the eval split;
+- ``forge.sft.masking``: render and tokenize each example, with loss only on completion /
   assistant tokens (method and assumptions documented there);
-- this module: too-long examples are truncated or dropped (and counted), and the eval
-  split is held out;
-- ``sft_loader``: deterministic, resumable, infinite batches;
-- ``sft_collate``: padding, packing, and the shift (batch layout documented there).
+- ``forge.sft.batches``: deterministic, resumable, infinite batches;
+- ``forge.sft.collate``: padding, packing, and the shift (batch layout documented there).
 
 What the app does::
 
     data = build_sft_data(config.data, tokenizer)      # record data.metrics once
     loader = build_sft_loader(config.data, data)
-    loader.load_state_dict(extra_state["data"])        # when resuming
+    loader.load_state_dict(run_state["data"])          # when resuming (forge.recipes.sft)
     batch = next(loader)  # input_ids, target_ids, loss_mask: [batch_size, row_len - 1]
-    extra_state["data"] = loader.state_dict()          # when checkpointing
+    run_state["data"] = loader.state_dict()            # when checkpointing
 """
 
 import logging
@@ -30,11 +29,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import PreTrainedTokenizerBase
 
-from forge.data.sft_loader import SFTDataLoader
-from forge.data.sft_loading import load_split, resolve_format
-from forge.data.sft_masking import SFTExampleError, tokenize_messages, tokenize_prompt_completion
+from forge.data.files import load_split
+from forge.sft.batches import SFTDataLoader
+from forge.sft.masking import SFTExampleError, tokenize_messages, tokenize_prompt_completion
 
 logger = logging.getLogger(__name__)
+
+SFTFormat = Literal["prompt_completion", "messages"]
 
 
 class SFTDataConfig(BaseModel):
@@ -67,7 +68,7 @@ class SFTDataConfig(BaseModel):
 
 @dataclass
 class SFTData:
-    """Tokenized datasets with columns ``input_ids`` and ``loss_mask`` (see ``sft_masking``)."""
+    """Tokenized datasets with columns ``input_ids`` and ``loss_mask`` (see ``forge.sft.masking``)."""
 
     train: datasets.Dataset
     eval: datasets.Dataset | None
@@ -197,3 +198,36 @@ def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
     if pad_id is None:
         raise ValueError("the tokenizer has neither pad_token nor eos_token; set one of them")
     return pad_id
+
+
+def resolve_format(
+    columns: list[str],
+    source: str,
+    requested: Literal["auto", "prompt_completion", "messages"],
+    prompt_column: str,
+    completion_column: str,
+    messages_column: str,
+) -> SFTFormat:
+    """The dataset's format ("auto" picks it from the columns); raises if a column it
+    needs is missing, naming the file, the column and the columns the file has."""
+    if requested == "auto":
+        if messages_column in columns:
+            return "messages"
+        if prompt_column in columns and completion_column in columns:
+            return "prompt_completion"
+        raise ValueError(
+            f"{source}: cannot tell the SFT format: expected a {messages_column!r} column (chat) or "
+            f"{prompt_column!r} and {completion_column!r} columns; the file has columns {columns}. "
+            "Set the format and column names in the SFT data config."
+        )
+    needed = {
+        "messages": {"messages_column": messages_column},
+        "prompt_completion": {"prompt_column": prompt_column, "completion_column": completion_column},
+    }[requested]
+    for key, column in needed.items():
+        if column not in columns:
+            raise ValueError(
+                f"{source}: missing column {column!r} needed by format {requested!r}; the file has "
+                f"columns {columns}. Set {key} in the SFT data config to the right column."
+            )
+    return requested

@@ -1,0 +1,15 @@
+"""Rewards: what scores a response, and how scoring survives the code that does it. No Monarch.
+
+- `functions`: reward functions ``fn(prompt, response, target) -> float``, built in or named by
+  import path, and the config type that checks a name; `group_functions`: functions that score
+  a whole group per call; `math_verify_reward`, `reasoning_gym_reward`: built-ins whose
+  libraries are imported only when a config names them.
+- `scorer`: `RewardScorer`, the weighted total of the functions and the reward server for each
+  response, with ``reward.error_reward`` and the error and timeout counts.
+- `worker`: the process that runs the functions with a time limit per call.
+- `remote`: the reward server's client (``reward.remote``).
+- `judge`: a generative judge's question and how its answer becomes a score.
+
+Import the submodules directly: this package imports nothing, so that the reward worker
+(``python -m forge.rewards.worker``) starts without loading what it does not need.
+"""

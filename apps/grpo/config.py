@@ -116,6 +116,12 @@ class GRPOConfig(ForgeConfigModel):
             self.metrics.jsonl_path = f"{self.output_dir}/metrics.jsonl"
         if "rollouts_path" not in self.metrics.model_fields_set:
             self.metrics.rollouts_path = f"{self.output_dir}/rollouts.jsonl"
+        profiled = self.trainer.profile_step
+        if profiled is not None and profiled >= self.max_steps:
+            raise ValueError(
+                f"trainer.profile_step ({profiled}) must be below max_steps ({self.max_steps}): the "
+                "profile covers a step up to the start of the next"
+            )
         if self.rollout.replay_from is not None and not self.trainer.enabled:
             raise ValueError("rollout.replay_from trains on recorded rollouts: it needs trainer.enabled=true")
         # The generator renders the dataset's prompts: one setting, dataset.chat_template.

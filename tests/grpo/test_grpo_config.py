@@ -116,3 +116,11 @@ def test_resume_accepts_auto_and_refuses_other_words(write_grpo_config):
     assert load_config(GRPOConfig, config, ["resume=auto"]).resume == "auto"
     with pytest.raises(ConfigError, match="resume"):
         load_config(GRPOConfig, config, ["resume=maybe"])
+
+
+def test_a_profile_step_that_no_later_step_would_close_is_refused(write_grpo_config, capsys):
+    # The test config runs 3 steps: a profile of step 2 closes as step 3 starts.
+    assert load(write_grpo_config, "trainer.profile_step=2").trainer.profile_step == 2
+    with pytest.raises(SystemExit):
+        load(write_grpo_config, "trainer.profile_step=3")
+    assert "trainer.profile_step (3) must be below max_steps (3)" in capsys.readouterr().err

@@ -9,9 +9,7 @@ the profiled step on that thread.
 
 from __future__ import annotations
 
-import gzip
 import logging
-import shutil
 import time
 from pathlib import Path
 
@@ -47,20 +45,16 @@ class StepProfiler:
             if torch.cuda.is_available():
                 activities.append(ProfilerActivity.CUDA)
             self._profile = profile(activities=activities)
-            self._profile.__enter__()
+            self._profile.start()
             self._opened = time.perf_counter()
 
     def _close(self) -> None:
-        self._profile.__exit__(None, None, None)
+        self._profile.stop()
         seconds = time.perf_counter() - self._opened
         self.out_dir.mkdir(parents=True, exist_ok=True)
         stem = self.out_dir / f"{self.name}_step{self.step}"
         stem.with_suffix(".txt").write_text(summary(self._profile, seconds))
-        trace = stem.with_suffix(".json")
-        self._profile.export_chrome_trace(str(trace))
-        with open(trace, "rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
-            shutil.copyfileobj(raw, packed)
-        trace.unlink()
+        self._profile.export_chrome_trace(f"{stem}.json.gz")  # torch compresses a .gz path
         self._profile = None
         logger.info("profile of step %d written to %s.txt and %s.json.gz", self.step, stem, stem)
 

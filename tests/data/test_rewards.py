@@ -133,11 +133,14 @@ def test_scorer_gives_error_reward_counts_and_goes_on():
 
     pop_state()
     scorer = RewardScorer([("toy_task", 1.0), (f"{__name__}:_raises_on_odd", 0.5)], error_reward=-1.0)
-    assert scorer.score("1+2=", "3", "3") == (
+    assert scorer.score_many([("1+2=", "3", "3")])[0] == (
         1.0 - 0.5,
         {"toy_task": 1.0, f"{__name__}:_raises_on_odd": -1.0},
     )
-    assert scorer.score("1+1=", "2", "2") == (1.0 + 0.5, {"toy_task": 1.0, f"{__name__}:_raises_on_odd": 1.0})
+    assert scorer.score_many([("1+1=", "2", "2")])[0] == (
+        1.0 + 0.5,
+        {"toy_task": 1.0, f"{__name__}:_raises_on_odd": 1.0},
+    )
     state = pop_state()
     assert state[f"reward/{__name__}:_raises_on_odd/errors"].value() == 1
     assert state["reward/total"].value() == 0.5 * (0.5 + 1.5)
@@ -176,7 +179,7 @@ def test_scorer_times_out_hung_calls_and_goes_on():
         assert scorer.counts == {"errors": 0, "timeouts": 2}
         assert pop_state()[f"reward/{name}/timeouts"].value() == 2
         worker = scorer._worker._process.pid
-        assert scorer.score("1+1=", "2", "2") == (2.0, {name: 1.0, "toy_task": 1.0})
+        assert scorer.score_many([("1+1=", "2", "2")])[0] == (2.0, {name: 1.0, "toy_task": 1.0})
         assert scorer._worker._process.pid == worker  # hung calls cost their runners, not the worker
     finally:
         scorer.close()
@@ -266,7 +269,9 @@ def test_hung_calls_of_a_batch_time_out_together_not_one_after_another():
     hangs, by_length = f"{__name__}:_hangs", "toy_task"
     scorer = RewardScorer([(hangs, 1.0), (by_length, 1.0)], error_reward=-1.0, timeout_s=1.0)
     try:
-        scorer.score("1+1=", "2", "2")  # the worker has started: what follows times only the batch
+        scorer.score_many([("1+1=", "2", "2")])[
+            0
+        ]  # the worker has started: what follows times only the batch
         start = time.monotonic()
         scores = scorer.score_many([("1+1=", str(n), "2") for n in range(6)])
         took = time.monotonic() - start
@@ -303,7 +308,7 @@ from forge.rewards.scorer import RewardScorer
 scorer = RewardScorer([("{__name__}:_hangs", 1.0)], timeout_s=600)
 scorer.start()
 print(scorer._worker._process.pid, flush=True)
-scorer.score("p", "r", "t")
+scorer.score_many([("p", "r", "t")])[0]
 """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)

@@ -128,8 +128,8 @@ class RewardActor(ForgeActor):
         self, prompts: list[list[str]], responses: list[list[str]], targets: list[str]
     ) -> list[list[tuple[float, dict[str, float]]]]:
         """(weighted total, {function name: its value}) of every response of several groups, in
-        one call, with group functions scoring each group as a whole (one prompt per response: after several turns
-        each response has its own conversation before it)."""
+        one call, with group functions scoring each group as a whole (one prompt per response:
+        after several turns each response has its own conversation before it)."""
         return self.scorer.score_groups(prompts, responses, targets)
 
     @endpoint

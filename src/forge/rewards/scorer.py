@@ -76,12 +76,9 @@ class RewardScorer:
         remote = self._remote.counts if self._remote is not None else {}
         return {kind: n + remote.get(kind, 0) for kind, n in self._counts.items()}
 
-    def score(self, prompt: str, response: str, target: str) -> tuple[float, dict[str, float]]:
-        """(weighted total, {function name: its value}) of one response, a group of its own."""
-        return self.score_many([(prompt, response, target)])[0]
-
     def score_many(self, items: list[tuple[str, str, str]]) -> list[tuple[float, dict[str, float]]]:
-        """`score` of each (prompt, response, target), in one batch."""
+        """(weighted total, {function name: its value}) of each (prompt, response, target), each
+        response a group of its own, in one batch."""
         groups = self.score_groups(
             [[p] for p, _, _ in items], [[r] for _, r, _ in items], [t for *_, t in items]
         )

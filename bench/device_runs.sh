@@ -10,7 +10,8 @@
 #               log with torch.compile's recompiles. On a card under 100 GB, micro-batches of
 #               16k tokens and a 20 GiB KV cache (32k and 32 GiB need about 93 GiB).
 #   scaling SIZE PRESET PLACEMENTS  bench/gpu_throughput.py on the placements (comma-separated,
-#               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, age1-drain, 6 steps
+#               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, age1-drain, STEPS steps (6)
+#               timed from step TIMED_FROM (3); results.json and each run's metrics to OUT_DIR
 #   vllm_tp TP  vLLM with tensor_parallel_size=TP: generation, updates, parity (bench/vllm_tp_check.py)
 #   fsdp        trainer.procs=2, generator colocated, KL on; losses against one GPU's on the
 #               same batches (bench/fsdp_parity.py)
@@ -51,9 +52,13 @@ case $run in
         shift 3
         # TIME_LIMIT: seconds for all of them; the rows finished by then are kept.
         timeout "${TIME_LIMIT:-3600}" "$PYTHON" bench/gpu_throughput.py --out /tmp/scaling --engine vllm \
-            --preset "$preset" --sizes "$size" --steps 6 --variants age1-drain --placements "$placements" "$@"
+            --preset "$preset" --sizes "$size" --steps "${STEPS:-6}" --timed-from "${TIMED_FROM:-3}" \
+            --variants age1-drain --placements "$placements" "$@"
         status=$?
         cp /tmp/scaling/results.json "$out/" 2>/dev/null
+        for run_dir in /tmp/scaling/"$size"/run_*; do
+            [ -e "$run_dir/metrics.jsonl" ] && cp "$run_dir/metrics.jsonl" "$out/${run_dir##*/}.metrics.jsonl"
+        done
         exit $status ;;
     vllm_tp) "$PYTHON" bench/vllm_tp_check.py --out /tmp/vllm_tp --size 0.6B --tp "${1:-2}" ;;
     fsdp) "$PYTHON" bench/fsdp_parity.py --out "$out/fsdp" --procs 2 && cp "$out/fsdp/losses.json" "$out/" ;;

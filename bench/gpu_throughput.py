@@ -47,8 +47,6 @@ import threading
 import time
 from pathlib import Path
 
-TIMED_FROM_STEP = 3
-
 # One run each: the pipeline's staleness bound and how the generator takes new weights.
 AGE0 = ["replay_buffer.max_policy_age=0", "rollout.threads=1"]
 AGE1 = ["replay_buffer.max_policy_age=1", "rollout.threads=2"]
@@ -236,8 +234,8 @@ class GpuSampler:
         }
 
 
-def summarize(label: str, rows: list[dict], gpu: GpuSampler) -> dict:
-    timed = [r for r in rows if r["step"] >= TIMED_FROM_STEP] or rows
+def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int) -> dict:
+    timed = [r for r in rows if r["step"] >= timed_from] or rows
 
     def over_steps(key: str, of=statistics.mean) -> float:
         values = [r[key] for r in timed if key in r]
@@ -246,7 +244,7 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler) -> dict:
     step_s = over_steps("grpo/step_s")
     generated = sum(r.get("generator/generated_tokens", 0) for r in rows)
     in_vain = sum(r.get("buffer/evicted_stale_tokens", 0) for r in rows)
-    previous = next((r for r in rows if r["step"] == TIMED_FROM_STEP - 1), rows[0])
+    previous = next((r for r in rows if r["step"] == timed_from - 1), rows[0])
     return {
         "run": label,
         "s/step": step_s,
@@ -273,6 +271,7 @@ def run(
     preset: str | None,
     overrides: list[str],
     placement: str | None = None,
+    timed_from: int = 3,
 ) -> dict:
     root = out / size
     policy = root / "policy"
@@ -297,7 +296,7 @@ def run(
         gpu.stop()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     where = {"placement": placement, "GPUs": gpus} if placement else {}
-    return {"size": size, **where, **summarize(label, [r for r in rows if r["step"] >= 1], gpu)}
+    return {"size": size, **where, **summarize(label, [r for r in rows if r["step"] >= 1], gpu, timed_from)}
 
 
 def add_scaling(results: list[dict]) -> None:
@@ -341,6 +340,8 @@ def main() -> None:
     parser.add_argument("--engine", default="hf", choices=["hf", "vllm"])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--preset", choices=["trl", "long"], default=None)
+    # The first steps of a compiled trainer include its compiles (one per new range of lengths).
+    parser.add_argument("--timed-from", type=int, default=3, help="the first step of the means")
     parser.add_argument(
         "--placements",
         type=lambda text: text.split(","),
@@ -366,7 +367,17 @@ def main() -> None:
         for label in args.variants:
             for placement in args.placements:
                 results.append(
-                    run(size, args.engine, label, args.steps, args.out, args.preset, overrides, placement)
+                    run(
+                        size,
+                        args.engine,
+                        label,
+                        args.steps,
+                        args.out,
+                        args.preset,
+                        overrides,
+                        placement,
+                        args.timed_from,
+                    )
                 )
                 add_scaling(results)
                 results_path.write_text(json.dumps(results, indent=1))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import yaml
 from apps.sft.config import SFTConfig
 from apps.sft.main import main
 from hf_checkpoints import make_checkpoint
@@ -45,6 +46,13 @@ SHORT = [
 ]
 
 
+def warm_start_overrides(grpo_config: str) -> list[str]:
+    """The overrides a shipped GRPO config gives the SFT run of its warm start (on a fresh
+    machine that run has no checkpoint yet: they must start it, not refuse)."""
+    shipped = yaml.safe_load((TINY_CPU.parents[1] / "grpo" / grpo_config).read_text())
+    return shipped["warm_start"]["sft_overrides"]
+
+
 def run_app(run_dir: Path, *overrides: str) -> tuple[list[dict], str]:
     """Runs the app in this process; returns its metrics rows and what it printed."""
     out = io.StringIO()
@@ -72,7 +80,9 @@ def _restore_process_state():
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("straight")
-    rows, printed = run_app(run_dir, f"max_steps={STEPS}", "checkpoint.every=4")
+    # Started as `make grpo` starts its warm start.
+    warm_start = warm_start_overrides("tiny_cpu.yaml")
+    rows, printed = run_app(run_dir, f"max_steps={STEPS}", "checkpoint.every=4", *warm_start)
     return run_dir, rows, printed
 
 
@@ -221,7 +231,8 @@ def test_a_new_model_sized_otherwise_than_the_tokenizer_and_an_unwritable_run_di
 
 
 def test_gpu_demo_warm_start_config_runs_two_steps(tmp_path):
-    # As shipped (the `small` flavor included), shortened to 2 steps on a little data.
+    # As shipped and as the GPU demo starts it (the `small` flavor included), shortened to 2
+    # steps on a little data.
     config = TINY_CPU.parent / "gpu_demo.yaml"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -235,6 +246,7 @@ def test_gpu_demo_warm_start_config_runs_two_steps(tmp_path):
                 "data.embedded_task.num_eval=16",
                 "data.batch_size=16",
                 "generation_eval.num_prompts=8",
+                *warm_start_overrides("gpu_demo.yaml"),
             ]
         )
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

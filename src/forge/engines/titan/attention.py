@@ -3,8 +3,9 @@
 A micro-batch reaches the model either as padded rows (each row one sequence) or packed (one
 row of sequences laid end to end, ``forge.engines.titan.packing``). Both are described the same
 way, by torchtitan's ``VarlenMetadata``: cumulative sequence starts over the flattened tokens.
-On a GPU the packed tokens go to flash attention's variable-length kernel (torch's
-``varlen_attn``), which skips the masked blocks. The CPU has no such kernel: there scaled
+On a GPU, in bf16 or fp16, the packed tokens go to flash attention's variable-length kernel
+(torch's ``varlen_attn``), which skips the masked blocks. The CPU has no such kernel and the
+GPU's takes no float32 (a model without mixed precision, e.g. the GPU demo's SFT): there scaled
 dot-product attention runs on each sequence of the row in turn (under ``torch.compile``, which
 cannot trace that loop, on the whole row with the block-diagonal causal mask).
 
@@ -24,6 +25,7 @@ from torchtitan.models.attention import VarlenMetadata
 # releases take is_causal and read grouped heads from the shapes.
 _VARLEN_PARAMETERS = inspect.signature(varlen_attn).parameters
 _VARLEN_CAUSAL = {"window_size": (-1, 0)} if "window_size" in _VARLEN_PARAMETERS else {"is_causal": True}
+_FLASH_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def rows_metadata(batch_size: int, width: int, device: torch.device) -> VarlenMetadata:
@@ -45,7 +47,7 @@ class DocumentAttention(nn.Module):
     ) -> torch.Tensor:
         batch, heads, width, head_dim = xq.shape
         grouped = xk.shape[1] != heads
-        if xq.is_cuda:
+        if xq.is_cuda and xq.dtype in _FLASH_DTYPES:
             packed = [x.transpose(1, 2).flatten(0, 1) for x in (xq, xk, xv)]
             grouped_heads = {"enable_gqa": True} if grouped and "enable_gqa" in _VARLEN_PARAMETERS else {}
             return varlen_attn(

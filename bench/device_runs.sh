@@ -7,8 +7,7 @@
 #   app SIZE VARIANTS STEPS [override ...]
 #               bench/gpu_throughput.py on GPU 0 (every actor there), vLLM, the trl preset; keeps
 #               each run's metrics.jsonl, the trainer's profile (trainer.profile_step=N) and the
-#               log with torch.compile's recompiles. On a card under 100 GB, micro-batches of
-#               16k tokens and a 20 GiB KV cache (32k and 32 GiB need about 93 GiB).
+#               log with torch.compile's recompiles.
 #   scaling SIZE PRESET PLACEMENTS  bench/gpu_throughput.py on the placements (comma-separated,
 #               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, age1-drain, STEPS steps (6)
 #               timed from step TIMED_FROM (3); results.json and each run's metrics to OUT_DIR
@@ -25,16 +24,18 @@ mkdir -p "$out"
 PYTHON=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 nvidia-smi -L 2>/dev/null
+# On a card under 100 GB, micro-batches of 16k tokens and a 20 GiB KV cache (32k and 32 GiB,
+# the bench's own settings, need about 93 GiB beside each other at 0.6B).
+memory=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null || echo 0)
+small=()
+if [ "$memory" -lt 100000 ]; then
+    small=(trainer.engine.training.microbatch_tokens=16384 generator.vllm.kv_cache_memory_gib=20)
+    echo "a ${memory} MiB card: ${small[*]}"
+fi
 case $run in
     app)
         size=${1:?app SIZE VARIANTS STEPS} variants=${2:?} steps=${3:?}
         shift 3
-        memory=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null || echo 0)
-        small=()
-        if [ "$memory" -lt 100000 ]; then
-            small=(trainer.engine.training.microbatch_tokens=16384 generator.vllm.kv_cache_memory_gib=20)
-            echo "a ${memory} MiB card: ${small[*]}"
-        fi
         TORCH_LOGS=recompiles timeout "${TIME_LIMIT:-3600}" "$PYTHON" bench/gpu_throughput.py --out /tmp/app \
             --engine vllm --preset trl --sizes "$size" --steps "$steps" --variants "$variants" "${small[@]}" "$@" \
             > "$out/app.log" 2>&1
@@ -53,7 +54,7 @@ case $run in
         # TIME_LIMIT: seconds for all of them; the rows finished by then are kept.
         timeout "${TIME_LIMIT:-3600}" "$PYTHON" bench/gpu_throughput.py --out /tmp/scaling --engine vllm \
             --preset "$preset" --sizes "$size" --steps "${STEPS:-6}" --timed-from "${TIMED_FROM:-3}" \
-            --variants age1-drain --placements "$placements" "$@"
+            --variants age1-drain --placements "$placements" "${small[@]}" "$@"
         status=$?
         cp /tmp/scaling/results.json "$out/" 2>/dev/null
         for run_dir in /tmp/scaling/"$size"/run_*; do

@@ -38,10 +38,10 @@ from forge.controller.provisioner import visible_gpus
 from forge.data.chat_prompts import PromptRenderer
 from forge.envs.turns import TurnRenderer
 from forge.observability import get_metric_logger
-from forge.observability.rollouts import RolloutRecorder, batches_path
 from forge.recipes.grpo_replay import replay_training
 from forge.rewards.scorer import RewardScorer
-from forge.rollout import Rollouts
+from forge.rollout.records import RolloutRecorder, batches_path
+from forge.rollout.step import Rollouts
 from forge.runs import ActorFailed, RunStopped
 from forge.runs.checkpoint import Progress, RunCheckpointer
 from forge.runs.checks import check_no_earlier_metrics, check_run_inputs

@@ -12,7 +12,8 @@ from forge.controller import shutdown
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.tokenizer import embedded_tokenizer
 from forge.envs.turns import TurnRenderer
-from forge.rollout import Rollouts, greedy_eval
+from forge.rollout.eval import greedy_eval
+from forge.rollout.step import Rollouts
 
 pytestmark = pytest.mark.slow
 

@@ -15,11 +15,11 @@ from reward_checkpoints import make_classifier
 from forge.actors.reward import RewardConfig
 from forge.actors.reward_models import ClassifierRewardModel, RewardModels
 from forge.controller import ProvisionerConfig, init_provisioner, shutdown
-from forge.data.episode_buffer import ReplayBufferConfig
 from forge.engines.reward_classifier import ClassifierRewardEngine
-from forge.observability.rollouts import read_records
+from forge.replay_buffer import ReplayBufferConfig
 from forge.rewards.judge import JudgeParse
-from forge.rollout import RolloutCounts, score_with_models
+from forge.rollout.records import read_records
+from forge.rollout.step import RolloutCounts, score_with_models
 from forge.runs.checks import check_reward_models
 from forge.runs.guards import starvation_report
 

@@ -226,7 +226,7 @@ class Generator(ForgeActor):
         **sampling: Any,
     ) -> list[list[Completion]]:
         """Like `generate_batch`, continuing from token ids as they are (a multi-turn trajectory
-        so far, `forge.envs.rollout`): nothing is rendered or re-tokenized."""
+        so far, `forge.rollout.groups`): nothing is rendered or re-tokenized."""
         await self._pick_up_newest(min_version)
         rendered = [RenderedPrompt(list(ids), self.tokenizer.decode(ids)) for ids in prompt_ids]
         return await self._generate(rendered, sample_keys, sampling)

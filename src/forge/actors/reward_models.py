@@ -79,7 +79,7 @@ class ModelScores:
 
 @dataclass
 class RewardModels:
-    """The run's reward models (config, service handle), as `forge.rollout.score_groups` calls them."""
+    """The run's reward models (config, service handle), as `forge.rollout.step.score_groups` calls them."""
 
     models: list[tuple[RewardModelConfig, Any]]
     error_reward: float = 0.0

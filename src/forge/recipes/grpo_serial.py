@@ -4,7 +4,7 @@ pipeline (apps/grpo) is tested against.
 Each step, top to bottom:
   1. rollouts: draw prompts, roll out a group of trajectories per prompt with the current
      policy (one completion each without an environment; with one, model and environment
-     take turns, forge.envs.rollout), score them, give each a group-relative advantage, and
+     take turns, forge.rollout.groups), score them, give each a group-relative advantage, and
      put the groups that carry a learning signal in the replay buffer, until it holds a batch;
   2. one optimizer step of the policy on a batch drawn from the buffer;
   3. the sampling engine takes the new weights.
@@ -27,23 +27,23 @@ from transformers import AutoTokenizer
 
 from forge.actors.generator import build_generation_engine
 from forge.data.chat_prompts import PromptRenderer
-from forge.data.episode_buffer import EpisodeBuffer
 from forge.data.prompts import PromptCursor, load_prompt_rows
 from forge.data.types import Completion, Episode
 from forge.engines.generation import to_completions
 from forge.engines.titan.engine import TitanEngine
 from forge.engines.titan.logprobs import completion_logprobs
-from forge.envs.rollout import run_groups
 from forge.envs.sessions import LocalEnvironments
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
 from forge.observability.collector import pop_state
-from forge.rewards.functions import get_reward_fn
+from forge.replay_buffer import EpisodeBuffer
 from forge.rewards.scorer import RewardScorer
 from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses import build_loss
-from forge.rollout import score_inputs, with_env_reward, without_truncated
+from forge.rollout.eval import score_answers
+from forge.rollout.groups import run_groups
+from forge.rollout.step import score_inputs, with_env_reward, without_truncated
 
 
 def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
@@ -68,7 +68,7 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     # the two hold the same weights after every step.
     policy = TitanEngine(cfg.trainer.engine, trainable=True)
     sampler = build_generation_engine(cfg.generator, tokenizer.eos_token_id, tokenizer)
-    # Rows become trajectories as in the app (forge.envs.rollout): the chat template renders the
+    # Rows become trajectories as in the app (forge.rollout.groups): the chat template renders the
     # prompts and the environment's turns; the environment runs here rather than in an actor.
     renderer = TurnRenderer(
         PromptRenderer(tokenizer, cfg.dataset.chat_template), cfg.generator.sampling.stop_token_ids
@@ -86,7 +86,7 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     prompts = PromptCursor(train_rows, cfg.dataset.seed)
     buffer = EpisodeBuffer(cfg.replay_buffer)
     eval_rows = eval_rows[: cfg.eval.num_prompts]
-    eval_score = get_reward_fn(cfg.eval.reward_fn)
+    eval_scorer = RewardScorer([(cfg.eval.reward_fn, 1.0)], metric_prefix="eval/reward")
 
     def generate(
         rows: list[dict],
@@ -155,13 +155,14 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
 
     def accuracy() -> float:
         groups = generate(eval_rows, None, version, 1, max_tokens=cfg.eval.max_tokens, temperature=0.0)
-        return sum(
-            g is not None and eval_score(*g[0].final_answer, r["target"]) == 1.0
-            for r, g in zip(eval_rows, groups, strict=True)
-        ) / max(len(eval_rows), 1)
+        scores, _ = score_answers(eval_rows, groups, eval_scorer)
+        record_metric("eval/accuracy", scores.accuracy, Reduce.MEAN)
+        record_metric("eval/reward_mean", scores.reward_mean, Reduce.MEAN)
+        return scores.accuracy
 
     version, rows = 0, []
     history = {"metrics": rows, "eval_accuracy": [(0, accuracy())] if cfg.eval.every else []}
+    pop_state()  # the initial eval's metrics are not step 1's
     for step in range(1, cfg.max_steps + 1):
         started = time.perf_counter()
         # 1. Rollouts by the current policy until the buffer holds a batch (it evicts
@@ -180,7 +181,6 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
         record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
             history["eval_accuracy"].append((step, accuracy()))
-            record_metric("eval/accuracy", history["eval_accuracy"][-1][1], Reduce.MEAN)
         record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
         row = {"step": step, **{key: acc.value() for key, acc in sorted(pop_state().items())}}
         rows.append(row)

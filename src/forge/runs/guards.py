@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from forge.observability import Reduce, record_metric
-from forge.rollout import RolloutCounts
+from forge.rollout.step import RolloutCounts
 from forge.runs.errors import RunStopped
 
 

@@ -22,17 +22,16 @@ from forge.actors.reference import reference_logprobs
 from forge.controller.liveness import CallDeadline
 from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError
 from forge.data.types import Completion, Episode
-from forge.envs.rollout import TrajectoryLimits, run_groups
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
-from forge.observability.rollouts import RolloutRecorder
-from forge.rewards.scorer import RewardScorer
 from forge.rl.advantage import has_signal
+from forge.rollout.groups import TrajectoryLimits, run_groups
+from forge.rollout.records import RolloutRecorder
 
 
 @dataclass
 class Rollouts:
-    """How dataset rows become groups of trajectories (``forge.envs.rollout``): the generator
+    """How dataset rows become groups of trajectories (``forge.rollout.groups``): the generator
     (actor or service), the chat template, and the environment actor (or service; None: one
     turn per prompt). ``max_tokens`` bounds each model turn (``generator.sampling.max_tokens``);
     each generate call must answer within ``deadline`` for the tokens it may sample."""
@@ -273,37 +272,3 @@ async def rollout_step(
     if recorder is not None:
         recorder.record_groups(kept)
     return [e.policy_version for e in episodes]
-
-
-@dataclass
-class EvalScores:
-    """The greedy eval: the share of rows answered with the full reward (1.0), and the mean
-    reward of the rows that got an answer (the one to watch with a shaped reward)."""
-
-    accuracy: float
-    reward_mean: float
-
-
-async def greedy_eval(
-    rollouts: Rollouts,
-    rows: list[dict],
-    scorer: RewardScorer,
-    max_tokens: int,
-    min_version: int = 0,
-    recorder: RolloutRecorder | None = None,
-) -> EvalScores:
-    """Each of `rows`' greedy trajectory, by a policy of at least `min_version`, scored by
-    `scorer` (on the model's last turn); the `recorder` gets every answer, as eval records. A
-    row whose environment failed counts as not solved and has no reward; one whose score failed
-    (counted by the scorer) has the scorer's error reward."""
-    if not rows:
-        return EvalScores(float("nan"), float("nan"))
-    groups = await rollouts.groups(rows, None, min_version, 1, max_tokens=max_tokens, temperature=0.0)
-    answered = [(g[0], r["target"]) for g, r in zip(groups, rows, strict=True) if g is not None]
-    items = [(*c.final_answer, target) for c, target in answered]
-    # In a thread: the scorer waits on its worker, at most about two timeout_s when calls hang.
-    scores = [total for total, _ in await asyncio.to_thread(scorer.score_many, items)]
-    if recorder is not None:
-        recorder.record_eval([c for c, _ in answered], [t for _, t in answered], scores)
-    mean = sum(scores) / len(scores) if scores else float("nan")
-    return EvalScores(sum(s == 1.0 for s in scores) / len(rows), mean)

@@ -34,9 +34,9 @@ from forge.data.types import Completion
 from forge.engines.generation import sample_seed
 from forge.envs.base import EnvStep
 from forge.envs.sessions import EnvFailure, Opening
-from forge.envs.trajectory import Trajectory
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
+from forge.rollout.trajectories import Trajectory
 
 # generate(prompt_ids, sample_keys, n=..., max_tokens=..., **sampling) -> n completions per prompt
 Generate = Callable[..., Awaitable[list[list[Completion]]]]

@@ -42,7 +42,7 @@ from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses import build_loss
 from forge.rollout.eval import score_answers
-from forge.rollout.groups import run_groups
+from forge.rollout.groups import OneTurn, run_groups
 from forge.rollout.step import score_inputs, with_env_reward, without_truncated
 
 
@@ -73,7 +73,7 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     renderer = TurnRenderer(
         PromptRenderer(tokenizer, cfg.dataset.chat_template), cfg.generator.sampling.stop_token_ids
     )
-    envs = LocalEnvironments(cfg.env.name, cfg.env.params) if cfg.env is not None else None
+    envs = LocalEnvironments(cfg.env.name, cfg.env.params) if cfg.env is not None else OneTurn()
     drop_truncated = cfg.env is not None and cfg.env.on_truncation == "drop"
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
     loss_fn = build_loss(cfg.trainer.loss.name, **cfg.trainer.loss.params)

@@ -8,7 +8,6 @@ model's is answered by all its ranks (`forge.actors.reference.reference_logprobs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -25,16 +24,17 @@ from forge.data.types import Completion, Episode
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
 from forge.rl.advantage import has_signal
-from forge.rollout.groups import TrajectoryLimits, run_groups
+from forge.rollout.groups import EnvSessions, OneTurn, TrajectoryLimits, run_groups
 from forge.rollout.records import RolloutRecorder
 
 
 @dataclass
 class Rollouts:
     """How dataset rows become groups of trajectories (``forge.rollout.groups``): the generator
-    (actor or service), the chat template, and the environment actor (or service; None: one
-    turn per prompt). ``max_tokens`` bounds each model turn (``generator.sampling.max_tokens``);
-    each generate call must answer within ``deadline`` for the tokens it may sample."""
+    (actor or service), the chat template, and the environment actor (or service; None: the
+    built-in ``OneTurn``, one turn per prompt). ``max_tokens`` bounds each model turn
+    (``generator.sampling.max_tokens``); each generate call must answer within ``deadline`` for
+    the tokens it may sample."""
 
     generator: Any
     renderer: TurnRenderer
@@ -65,8 +65,7 @@ class Rollouts:
                 **sampling,
             )
 
-        # A rollout's trajectories stay on one environment replica: it holds their state.
-        async with self.envs.session() if self.envs is not None else contextlib.nullcontext():
+        async def run(envs: EnvSessions):
             return await run_groups(
                 rows,
                 sample_keys,
@@ -74,10 +73,16 @@ class Rollouts:
                 generate=generate,
                 renderer=self.renderer,
                 max_tokens=max_tokens or self.max_tokens,
-                envs=ActorEnvironments(self.envs) if self.envs is not None else None,
+                envs=envs,
                 limits=self.limits,
                 **sampling,
             )
+
+        if self.envs is None:  # single turn: the built-in environment, in this process
+            return await run(OneTurn())
+        # A rollout's trajectories stay on one environment replica: it holds their state.
+        async with self.envs.session():
+            return await run(ActorEnvironments(self.envs))
 
 
 def score_inputs(group: list[Completion]) -> tuple[list[str], list[str]]:

@@ -15,7 +15,6 @@ rollout records show why a response scored what it did.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +28,8 @@ from forge.controller.gpu_plan import TRAINER_GROUP
 from forge.controller.liveness import ActorHungError
 from forge.controller.service import ReplicaHungError
 from forge.observability import Reduce, record_metric
+from forge.rewards.failures import RewardFailures
 from forge.rewards.judge import judge_question
-
-logger = logging.getLogger(__name__)
 
 
 class ClassifierRewardModel(ForgeActor):
@@ -83,7 +81,15 @@ class RewardModels:
 
     models: list[tuple[RewardModelConfig, Any]]
     error_reward: float = 0.0
-    counts: dict[str, int] = field(default_factory=lambda: {"errors": 0, "timeouts": 0})
+    failures: RewardFailures = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.failures = RewardFailures(self.error_reward)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Failed calls and unreadable values since the start (read by the starvation report)."""
+        return self.failures.counts
 
     @classmethod
     async def launch(cls, cfg: RewardConfig, gpus: bool) -> RewardModels:
@@ -141,20 +147,15 @@ class RewardModels:
         # does not read) is an error of that response alone.
         for i, value in enumerate(values):
             if value is None or not math.isfinite(value):
-                values[i] = self.error_reward
                 if texts is None:
                     why = f"scored {value} on {responses[i][:200]!r}"
                 else:
                     why = f"answered {texts[i][:200]!r}, which parse.regex {m.parse.regex!r} does not match"
-                self._count(m, "errors", why)
+                [values[i]] = self.failures.failed(m.name, "errors", f"reward model '{m.name}' {why}", 1)
         return ModelScores(values, texts)
 
     def _failed(self, m: RewardModelConfig, kind: str, error: BaseException, size: int) -> ModelScores:
-        self._count(m, kind, f"failed on a call of {size} responses: {error}")
+        why = f"failed on a call of {size} responses: {error}".splitlines()[0]
+        values = self.failures.failed(m.name, kind, f"reward model '{m.name}' {why}", size)
         note = f"(no answer: {type(error).__name__})"
-        return ModelScores([self.error_reward] * size, None if m.kind == "classifier" else [note] * size)
-
-    def _count(self, m: RewardModelConfig, kind: str, why: str) -> None:
-        logger.warning("reward model '%s' %s: scored %s", m.name, why.splitlines()[0], self.error_reward)
-        record_metric(f"reward/{m.name}/{kind}", 1, Reduce.SUM)
-        self.counts[kind] += 1
+        return ModelScores(values, None if m.kind == "classifier" else [note] * size)

@@ -28,7 +28,7 @@ from forge.actors.generator import Generator, stop_pulling
 from forge.actors.reference import ReferenceModel
 from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor
-from forge.actors.reward_models import RewardModels
+from forge.actors.reward_models import launch_reward_models
 from forge.actors.trainer import TitanTrainer
 from forge.config import config_to_dict, parse_args, save_config
 from forge.config.errors import ConfigError
@@ -202,7 +202,7 @@ async def _train(cfg: GRPOConfig) -> dict:
             ).as_actor(cfg.trainer.engine, cfg.generator.sampling.temperature)
             if cfg.use_reference
             else asyncio.sleep(0),
-            RewardModels.launch(cfg.reward, gpus),
+            launch_reward_models(cfg.reward, gpus),
             asyncio.to_thread(eval_scorer.start),  # not on the initial eval's time
         )
         if cfg.provisioner.hosts:

@@ -36,6 +36,7 @@ from forge.envs.sessions import LocalEnvironments
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
 from forge.observability.collector import pop_state
+from forge.recipes.reward_models import local_reward_models
 from forge.replay_buffer import EpisodeBuffer
 from forge.rewards.scorer import RewardScorer
 from forge.rl.advantage import group_advantages, has_signal
@@ -43,7 +44,8 @@ from forge.rl.batch import PolicyBatch
 from forge.rl.losses import build_loss
 from forge.rollout.eval import score_answers
 from forge.rollout.groups import OneTurn, run_groups
-from forge.rollout.step import score_inputs, with_env_reward, without_truncated
+from forge.rollout.scores import score_trajectories
+from forge.rollout.step import without_truncated
 
 
 def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
@@ -52,11 +54,6 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     "eval_accuracy": [(step, accuracy), ...] from step 0}`; `on_step(step, row)` sees each
     row as it is made. Runs torch on `cfg.actor_threads` threads, as each of the app's
     actors does."""
-    if cfg.reward.models:
-        raise ValueError(
-            f"reward.models ({', '.join(m.name for m in cfg.reward.models)}): the serial recipe runs no "
-            "reward models; train with apps.grpo.main, or remove reward.models"
-        )
     if cfg.actor_threads is not None:
         torch.set_num_threads(cfg.actor_threads)
     torch.manual_seed(cfg.seed)
@@ -82,6 +79,12 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     scorer = RewardScorer(
         [(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward, remote=cfg.reward.remote
     )
+
+    async def score_functions(prompts, responses, targets):
+        return scorer.score_groups(prompts, responses, targets)
+
+    # The reward models, each loaded here, scored as the app scores its reward-model services.
+    reward_models = local_reward_models(cfg.reward)
     train_rows, eval_rows = load_prompt_rows(cfg.dataset)
     prompts = PromptCursor(train_rows, cfg.dataset.seed)
     buffer = EpisodeBuffer(cfg.replay_buffer)
@@ -121,27 +124,29 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
         # A group whose environment failed is not scored (counted in rollout/env_failures).
         rows, groups = [r for r, g in zip(rows, groups, strict=True) if g], [g for g in groups if g]
         # All groups in one batch, as the reward actor scores them: group functions see each group.
-        inputs = [score_inputs(g) for g in groups]
-        scored_groups = scorer.score_groups(
-            [contexts for contexts, _ in inputs],
-            [answers for _, answers in inputs],
-            [r["target"] for r in rows],
+        scored_groups = asyncio.run(
+            score_trajectories(groups, [r["target"] for r in rows], score_functions, reward_models)
         )
         episodes = []
-        for row, group, group_scores in zip(rows, groups, scored_groups, strict=True):
-            scores = [with_env_reward(c, *score) for c, score in zip(group, group_scores, strict=True)]
-            for total, _ in scores:
+        for row, group, scores in zip(rows, groups, scored_groups, strict=True):
+            for total, *_ in scores:
                 record_metric("rollout/reward", total, Reduce.MEAN)
-            rewards = torch.tensor([total for total, _ in scores], dtype=torch.float32)
+            rewards = torch.tensor([total for total, *_ in scores], dtype=torch.float32)
             # A group whose rewards are all equal teaches nothing: skipped (DAPO's dynamic sampling).
             if cfg.rollout.skip_groups_without_signal and not has_signal(rewards):
                 continue
             advantages = group_advantages(rewards, mode=cfg.rollout.advantage).tolist()
             scored = [
                 Episode(
-                    c, row["target"], str(row["index"]), reward=total, reward_breakdown=parts, advantage=a
+                    c,
+                    row["target"],
+                    str(row["index"]),
+                    reward=total,
+                    reward_breakdown=parts,
+                    reward_notes=notes,
+                    advantage=a,
                 )
-                for c, (total, parts), a in zip(group, scores, advantages, strict=True)
+                for c, (total, parts, notes), a in zip(group, scores, advantages, strict=True)
             ]
             episodes += [e for g in (without_truncated([scored]) if drop_truncated else [scored]) for e in g]
         if episodes and reference is not None:

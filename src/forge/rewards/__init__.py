@@ -6,6 +6,8 @@
   libraries are imported only when a config names them.
 - `scorer`: `RewardScorer`, the weighted total of the functions and the reward server for each
   response;
+- `models`: reward models (classifiers, judges) as a source, over a client per model (an actor
+  service in the app, an engine in the serial recipe);
 - `failures`: what a failed call scores (``reward.error_reward``) and how it is counted, for the
   functions, the reward server and the reward models alike.
 - `worker`: the process that runs the functions with a time limit per call.

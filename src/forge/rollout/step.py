@@ -26,6 +26,7 @@ from forge.observability import Reduce, record_metric
 from forge.rl.advantage import has_signal
 from forge.rollout.groups import EnvSessions, OneTurn, TrajectoryLimits, run_groups
 from forge.rollout.records import RolloutRecorder
+from forge.rollout.scores import score_trajectories
 
 
 @dataclass
@@ -85,43 +86,15 @@ class Rollouts:
             return await run(ActorEnvironments(self.envs))
 
 
-def score_inputs(group: list[Completion]) -> tuple[list[str], list[str]]:
-    """What reward functions score for each completion: (context, the model's last turn)."""
-    pairs = [c.final_answer for c in group]
-    return [context for context, _ in pairs], [answer for _, answer in pairs]
-
-
-def with_env_reward(completion: Completion, total: float, breakdown: dict[str, float]):
-    """A trajectory's reward: the reward functions' total plus its environment's step rewards."""
-    if completion.turns is None:
-        return total, breakdown
-    return total + completion.env_reward, {**breakdown, "env": completion.env_reward}
-
-
 async def score_groups(
     rows: list[dict], groups: list[list[Completion]], reward, advantages, reward_models=None
 ) -> list[list[Episode]]:
-    """Rewards, then group-relative advantages, for the completions of each prompt: one call to
-    the reward actor and, at once, the rollout's calls to each reward model
-    (`forge.actors.reward_models.RewardModels`, weighed into the total), then one to advantages."""
-    # Reward functions take the prompt as a string: `Completion.prompt`, a string prompt as
-    # written, chat messages as the chat template rendered them; after several turns, the
-    # conversation before the model's last turn, which is the response they score.
-    inputs = [score_inputs(g) for g in groups]
-    prompts, answers = [p for p, _ in inputs], [a for _, a in inputs]
-    targets = [r["target"] for r in rows]
-    scores, model_scores = await asyncio.gather(
-        reward.evaluate_groups.route(prompts, answers, targets),
-        score_with_models(reward_models, prompts, answers, targets),
+    """Rewards (`forge.rollout.scores`: the reward actor's functions and server, the reward
+    models, the environment's), then group-relative advantages, for the completions of each
+    prompt: one call to the reward actor, the reward models' calls at once, one to advantages."""
+    scores = await score_trajectories(
+        groups, [r["target"] for r in rows], reward.evaluate_groups.route, reward_models
     )
-    models_total = reward_models.weighted_total if reward_models is not None else lambda values: 0.0
-    scores = [
-        [
-            (*with_env_reward(c, total + models_total(values), {**breakdown, **values}), notes)
-            for c, (total, breakdown), (values, notes) in zip(group, group_scores, group_models, strict=True)
-        ]
-        for group, group_scores, group_models in zip(groups, scores, model_scores, strict=True)
-    ]
     values = await advantages.compute_groups.route([[total for total, *_ in group] for group in scores])
     scored = []
     for row, group, group_scores, group_values in zip(rows, groups, scores, values, strict=True):
@@ -141,30 +114,6 @@ async def score_groups(
             ]
         )
     return scored
-
-
-async def score_with_models(
-    reward_models, prompts: list[list[str]], answers: list[list[str]], targets: list[str]
-) -> list[list[tuple[dict[str, float], dict[str, str]]]]:
-    """({model name: value}, {judge name: its answer}) of each response of each group, from the
-    reward models' calls for the whole rollout; empty dicts without reward models."""
-    sizes = [len(group) for group in answers]
-    if reward_models is None or not reward_models.models:
-        return [[({}, {}) for _ in range(size)] for size in sizes]
-    flat = await reward_models.score(
-        [p for group in prompts for p in group],
-        [a for group in answers for a in group],
-        [t for t, size in zip(targets, sizes, strict=True) for _ in range(size)],
-    )
-    per_response = [
-        (
-            {name: s.values[i] for name, s in flat.items()},
-            {name: s.notes[i] for name, s in flat.items() if s.notes is not None},
-        )
-        for i in range(sum(sizes))
-    ]
-    responses = iter(per_response)
-    return [[next(responses) for _ in range(size)] for size in sizes]
 
 
 def without_truncated(groups: list[list[Episode]]) -> list[list[Episode]]:

@@ -42,7 +42,7 @@ from forge.staleness import StalenessBound
 @dataclass
 class GRPOActors:
     """The handles the loops drive (trainer and reference None when the config has none;
-    reward_models: forge.actors.reward_models.RewardModels, or None for none)."""
+    reward_models: forge.rewards.models.RewardModels, or None for none)."""
 
     dataset: Any
     rollouts: Rollouts

@@ -42,6 +42,8 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
     eval_prompts = []
 
     class RecordingScorer:  # what greedy_eval asks of a RewardScorer
+        metric_prefix = "eval/reward"
+
         def score_many(self, items):
             eval_prompts.extend(prompt for prompt, _, _ in items)
             return [(0.0, {}) for _ in items]

@@ -263,5 +263,6 @@ def test_the_serial_recipe_weighs_in_a_classifier_and_a_judge_loaded_in_its_proc
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert row["reward/rm/calls"] > 0 and row["reward/judge/calls"] > 0
-        weighed = row["reward/total"] + 0.5 * row["reward/rm"] + row["reward/judge"]
+        weighed = row["reward/toy_task"] + 0.5 * row["reward/rm"] + row["reward/judge"]
         assert row["rollout/reward"] == pytest.approx(weighed, abs=1e-5)
+        assert row["reward/total"] == pytest.approx(weighed, abs=1e-5)  # every source's total

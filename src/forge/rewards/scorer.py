@@ -41,8 +41,9 @@ class RewardScorer:
     """Scores responses with weighted reward functions (see the module docstring) and, with
     ``remote``, a reward server (`forge.rewards.remote`), group by group.
 
-    ``timeout_s=None`` runs the functions in this process, with no time limit. Metrics are
-    recorded under ``metric_prefix`` (``eval/reward`` for the eval's scorer).
+    ``timeout_s=None`` runs the functions in this process, with no time limit. Each function's
+    values are recorded under ``metric_prefix`` (``eval/reward`` for the eval's scorer); the
+    total, which has other sources, where they are summed (`forge.rollout.scores`).
     """
 
     def __init__(
@@ -108,7 +109,6 @@ class RewardScorer:
                 for name, weight in weights:
                     record_metric(f"{self.metric_prefix}/{name}", breakdown[name], Reduce.MEAN)
                     total += weight * breakdown[name]
-                record_metric(f"{self.metric_prefix}/total", total, Reduce.MEAN)
                 scores[-1].append((total, breakdown))
         return scores
 

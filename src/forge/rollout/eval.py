@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from forge.data.types import Completion
+from forge.observability import Reduce, record_metric
 from forge.rewards.scorer import RewardScorer
 from forge.rollout.records import RolloutRecorder
 from forge.rollout.step import Rollouts
@@ -47,10 +48,13 @@ def score_answers(
     rows: list[dict], groups: list[list[Completion] | None], scorer: RewardScorer
 ) -> tuple[EvalScores, ScoredAnswers]:
     """Scores each row's greedy trajectory (a group of one; None where its environment failed)
-    with `scorer`; one whose score failed (counted by the scorer) has the scorer's error reward."""
+    with `scorer`, recording the totals in ``<scorer's prefix>/total``; one whose score failed
+    (counted by the scorer) has the scorer's error reward."""
     answered = [(g[0], r["target"]) for g, r in zip(groups, rows, strict=True) if g is not None]
     items = [(*c.final_answer, target) for c, target in answered]
     scores = [total for total, _ in scorer.score_many(items)]
+    for score in scores:
+        record_metric(f"{scorer.metric_prefix}/total", score, Reduce.MEAN)
     mean = sum(scores) / len(scores) if scores else float("nan")
     answers = ScoredAnswers([c for c, _ in answered], [t for _, t in answered], scores)
     return EvalScores(greedy_accuracy(scores, len(rows)), mean), answers

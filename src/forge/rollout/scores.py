@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from forge.data.types import Completion
+from forge.observability import Reduce, record_metric
 from forge.rewards.models import RewardModels
 
 # (prompts, responses, targets) of several groups -> (weighted total, {function name: value}) of
@@ -42,7 +43,8 @@ async def score_trajectories(
     reward_models: RewardModels | None = None,
 ) -> list[list[TrajectoryScore]]:
     """Each trajectory's reward, group by group (one target per group): the functions' call and
-    the reward models' calls for the whole rollout, at once."""
+    the reward models' calls for the whole rollout, at once. The totals, over every source, are
+    recorded in ``reward/total``."""
     # Reward functions take the prompt as a string: `Completion.prompt`, a string prompt as
     # written, chat messages as the chat template rendered them; after several turns, the
     # conversation before the model's last turn, which is the response they score.
@@ -53,13 +55,16 @@ async def score_trajectories(
         score_with_models(reward_models, prompts, answers, targets),
     )
     models_total = reward_models.weighted_total if reward_models is not None else lambda values: 0.0
-    return [
+    scored = [
         [
             (*with_env_reward(c, total + models_total(values), {**breakdown, **values}), notes)
             for c, (total, breakdown), (values, notes) in zip(group, group_scores, group_models, strict=True)
         ]
         for group, group_scores, group_models in zip(groups, scores, model_scores, strict=True)
     ]
+    for total, *_ in (score for group in scored for score in group):
+        record_metric("reward/total", total, Reduce.MEAN)
+    return scored
 
 
 async def score_with_models(

@@ -9,7 +9,7 @@ killed, would leave every later rollout unscored. A call that fails for good sco
 on, as it does for reward functions.
 
 The services are handles of the controller (they replace replicas from its event loop), so the
-rollout's scoring calls them from there (`forge.rollout.step.score_groups`), next to its call to
+rollout's scoring calls them from there (`forge.rollout.scores`), next to its call to
 the reward actor that runs the reward functions.
 """
 

@@ -26,7 +26,7 @@ import time
 import uuid
 
 from forge.data.types import Completion, Episode
-from forge.observability.rollouts import RolloutRecorder, episode_record
+from forge.rollout.records import RolloutRecorder, episode_record
 
 # name, prompts per step, group size, prompt tokens, response tokens, seconds per rollout
 # step, metrics.rollouts_every (the demo config keeps one group in 16)

@@ -11,11 +11,11 @@ from forge.actors.reward import RewardConfig
 from forge.actors.trainer import LossConfig
 from forge.config import ForgeConfigModel
 from forge.controller import ProvisionerConfig
-from forge.data.episode_buffer import ReplayBufferConfig
 from forge.data.prompts import PromptDataConfig
 from forge.engines.titan.config import TitanEngineConfig
 from forge.envs.config import EnvConfig
 from forge.observability import MetricsConfig
+from forge.replay_buffer import ReplayBufferConfig
 from forge.rewards.functions import RewardFnName
 from forge.runs.checkpoint import CheckpointConfig
 
@@ -226,8 +226,8 @@ class GRPOConfig(ForgeConfigModel):
 
     @property
     def trajectory_limits(self):
-        """Turns and tokens per trajectory (forge.envs.rollout): one turn without an environment."""
-        from forge.envs.rollout import TrajectoryLimits
+        """Turns and tokens per trajectory (forge.rollout.groups): one turn without an environment."""
+        from forge.rollout.groups import TrajectoryLimits
 
         if self.env is None:
             return TrajectoryLimits()

@@ -28,7 +28,7 @@ from forge.actors.generator import Generator, stop_pulling
 from forge.actors.reference import ReferenceModel
 from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor
-from forge.actors.reward_models import RewardModels
+from forge.actors.reward_models import launch_reward_models
 from forge.actors.trainer import TitanTrainer
 from forge.config import config_to_dict, parse_args, save_config
 from forge.config.errors import ConfigError
@@ -38,10 +38,10 @@ from forge.controller.provisioner import visible_gpus
 from forge.data.chat_prompts import PromptRenderer
 from forge.envs.turns import TurnRenderer
 from forge.observability import get_metric_logger
-from forge.observability.rollouts import RolloutRecorder, batches_path
 from forge.recipes.grpo_replay import replay_training
 from forge.rewards.scorer import RewardScorer
-from forge.rollout import Rollouts
+from forge.rollout.records import RolloutRecorder, batches_path
+from forge.rollout.step import Rollouts
 from forge.runs import ActorFailed, RunStopped
 from forge.runs.checkpoint import Progress, RunCheckpointer
 from forge.runs.checks import check_no_earlier_metrics, check_run_inputs
@@ -202,7 +202,7 @@ async def _train(cfg: GRPOConfig) -> dict:
             ).as_actor(cfg.trainer.engine, cfg.generator.sampling.temperature)
             if cfg.use_reference
             else asyncio.sleep(0),
-            RewardModels.launch(cfg.reward, gpus),
+            launch_reward_models(cfg.reward, gpus),
             asyncio.to_thread(eval_scorer.start),  # not on the initial eval's time
         )
         if cfg.provisioner.hosts:

@@ -16,8 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from forge.observability.rollouts import read_records
 from forge.observability.run_dir import run_file
+from forge.rollout.records import read_records
 
 COLUMNS = (("step", 5), ("ver", 4), ("reward", 7), ("adv", 7), ("len", 4), ("turns", 5), ("stop", 6))
 

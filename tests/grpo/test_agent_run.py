@@ -19,8 +19,8 @@ from apps.sft.main import main as sft_main
 
 from forge import inspect
 from forge.config import load_config
-from forge.observability.rollouts import decode_ids, read_records
 from forge.recipes.grpo_serial import grpo_serial
+from forge.rollout.records import decode_ids, read_records
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,10 @@ import pytest
 from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor, RewardConfig
 from forge.controller import shutdown
-from forge.data.episode_buffer import ReplayBufferConfig
 from forge.data.types import Completion, Episode
 from forge.observability.collector import pop_state
-from forge.rollout import RolloutCounts, wait_for_room
+from forge.replay_buffer import ReplayBufferConfig
+from forge.rollout.step import RolloutCounts, wait_for_room
 from forge.runs import RunStopped
 from forge.runs.guards import starvation_report, wait_for_batch
 

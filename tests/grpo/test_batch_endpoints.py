@@ -9,11 +9,11 @@ import torch
 from forge.actors.reference import ReferenceModel, reference_logprobs
 from forge.actors.replay_buffer import ReplayBuffer
 from forge.controller import shutdown
-from forge.data.episode_buffer import ReplayBufferConfig
 from forge.data.tokenizer import embedded_tokenizer
 from forge.data.types import Completion, Episode
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
+from forge.replay_buffer import ReplayBufferConfig
 from forge.rl.ops import compute_logprobs
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,8 @@ from forge.controller import shutdown
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.tokenizer import embedded_tokenizer
 from forge.envs.turns import TurnRenderer
-from forge.rollout import Rollouts, greedy_eval
+from forge.rollout.eval import greedy_eval
+from forge.rollout.step import Rollouts
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +42,8 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
     eval_prompts = []
 
     class RecordingScorer:  # what greedy_eval asks of a RewardScorer
+        metric_prefix = "eval/reward"
+
         def score_many(self, items):
             eval_prompts.extend(prompt for prompt, _, _ in items)
             return [(0.0, {}) for _ in items]

@@ -26,8 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from forge.actors.generator import GeneratorConfig, build_generation_engine
 from forge.config import load_config
 from forge.engines.generation import SamplingParams
-from forge.observability.rollouts import batches_path, read_records
 from forge.recipes.grpo_serial import grpo_serial
+from forge.rollout.records import batches_path, read_records
 from forge.runs.restarts import ACTOR_FAILED_EXIT
 
 pytestmark = pytest.mark.slow

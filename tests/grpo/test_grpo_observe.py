@@ -21,11 +21,12 @@ from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor, RewardConfig
 from forge.controller import shutdown
 from forge.data.chat_prompts import PromptRenderer
-from forge.data.episode_buffer import ReplayBufferConfig
 from forge.data.prompts import PromptDataConfig
 from forge.envs.turns import TurnRenderer
 from forge.observability import MetricsConfig, get_metric_logger
-from forge.observability.rollouts import (
+from forge.plot import plot_run
+from forge.replay_buffer import ReplayBufferConfig
+from forge.rollout.records import (
     RECORD_FIELDS,
     RolloutRecorder,
     batches_path,
@@ -33,8 +34,7 @@ from forge.observability.rollouts import (
     decode_ids,
     read_records,
 )
-from forge.plot import plot_run
-from forge.rollout import Rollouts, rollout_step
+from forge.rollout.step import Rollouts, rollout_step
 
 pytestmark = pytest.mark.slow
 

@@ -8,18 +8,23 @@ import os
 import signal
 
 import pytest
+from apps.grpo.config import GRPOConfig
 from apps.grpo.main import main
 from processes import children_left
 from reward_checkpoints import make_classifier
 
 from forge.actors.reward import RewardConfig
-from forge.actors.reward_models import ClassifierRewardModel, RewardModels
+from forge.actors.reward_models import ClassifierRewardModel, ServiceModel, launch_reward_models
+from forge.config import load_config
 from forge.controller import ProvisionerConfig, init_provisioner, shutdown
-from forge.data.episode_buffer import ReplayBufferConfig
 from forge.engines.reward_classifier import ClassifierRewardEngine
-from forge.observability.rollouts import read_records
+from forge.recipes.grpo_serial import grpo_serial
+from forge.replay_buffer import ReplayBufferConfig
 from forge.rewards.judge import JudgeParse
-from forge.rollout import RolloutCounts, score_with_models
+from forge.rewards.models import RewardModels
+from forge.rollout.records import read_records
+from forge.rollout.scores import score_with_models
+from forge.rollout.step import RolloutCounts
 from forge.runs.checks import check_reward_models
 from forge.runs.guards import starvation_report
 
@@ -68,11 +73,14 @@ async def pid_of(handle) -> int:
 def test_a_rollout_is_scored_in_batched_calls_and_the_judges_answers_are_kept(classifier, tiny_policy):
     async def main():
         await init_provisioner(ProvisionerConfig())
-        models = await RewardModels.launch(reward_config(classifier, tiny_policy, batch_size=4), gpus=False)
+        models = await launch_reward_models(reward_config(classifier, tiny_policy, batch_size=4), gpus=False)
         try:
             scored = await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
             (_, rm), (_, judge) = models.models
-            served = {name: sum(r["served"] for r in h.stats()) for name, h in (("rm", rm), ("judge", judge))}
+            served = {
+                name: sum(r["served"] for r in client.handle.stats())
+                for name, client in (("rm", rm), ("judge", judge))
+            }
             return models, scored, served
         finally:
             await shutdown()
@@ -93,8 +101,8 @@ def test_a_rollout_is_scored_in_batched_calls_and_the_judges_answers_are_kept(cl
 def test_a_replica_that_dies_or_hangs_is_replaced_and_its_call_retried(classifier):
     async def main():
         await init_provisioner(ProvisionerConfig())
-        models = await RewardModels.launch(reward_config(classifier, timeout_s=3.0), gpus=False)
-        service = models.models[0][1]
+        models = await launch_reward_models(reward_config(classifier, timeout_s=3.0), gpus=False)
+        service = models.models[0][1].handle
         try:
             os.kill(await pid_of(service), signal.SIGKILL)
             died = await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
@@ -116,7 +124,7 @@ def test_a_lone_model_that_hangs_scores_error_reward_and_is_counted(classifier):
         await init_provisioner(ProvisionerConfig())
         cfg = reward_config(classifier, timeout_s=2.0).models[0]
         actor = await ClassifierRewardModel.as_actor(cfg.path, cfg.batch_size)
-        models = RewardModels([(cfg, actor)], ERROR_REWARD)
+        models = RewardModels([(cfg, ServiceModel(actor, cfg.timeout_s))], ERROR_REWARD)
         try:
             os.kill(await pid_of(actor), signal.SIGSTOP)
             return models, await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
@@ -210,7 +218,7 @@ def test_a_non_finite_score_or_a_raising_endpoint_scores_error_reward_and_is_cou
     nan_model = type("Model", (), {"score": Answers([0.5, float("nan")])})()
     raising_model = type("Model", (), {"score": Answers(RuntimeError("CUDA out of memory"))})()
     for handle, expected in ((nan_model, [0.5, ERROR_REWARD]), (raising_model, [ERROR_REWARD] * 2)):
-        models = RewardModels([(cfg, handle)], ERROR_REWARD)
+        models = RewardModels([(cfg, ServiceModel(handle, cfg.timeout_s))], ERROR_REWARD)
         scored = asyncio.run(models.score(["1+1="] * 2, ["2", "3"], ["2"] * 2))
         assert scored["rm"].values == expected
         assert models.counts == {"errors": 1, "timeouts": 0}
@@ -229,7 +237,7 @@ class Routed:
 def test_the_starvation_report_counts_the_reward_models_failures(classifier):
     cfg = reward_config(classifier).models[0]
     failing = type("Model", (), {"score": Answers(RuntimeError("CUDA out of memory"))})()
-    models = RewardModels([(cfg, failing)], ERROR_REWARD)
+    models = RewardModels([(cfg, ServiceModel(failing, cfg.timeout_s))], ERROR_REWARD)
     asyncio.run(models.score(["1+1="] * 2, ["2", "3"], ["2"] * 2))
     buffer_counts = {"added": 0, "evicted_stale": 0, "sampled": 0, "held": 0}
     replay_buffer = type("Buffer", (), {"counts": Routed(buffer_counts)})()
@@ -238,3 +246,23 @@ def test_the_starvation_report_counts_the_reward_models_failures(classifier):
         starvation_report(RolloutCounts(), replay_buffer, reward, ReplayBufferConfig(), models)
     )
     assert "reward errors 3, reward timeouts 1." in report
+
+
+def test_the_serial_recipe_weighs_in_a_classifier_and_a_judge_loaded_in_its_process(
+    classifier, tiny_policy, write_grpo_config
+):
+    """The serial recipe scores with the same `RewardModels` as the app, its models loaded in
+    its own process: each step's mean reward is the functions' plus the models', weighed."""
+    models = (
+        f"{{name: rm, path: {classifier}, kind: classifier, weight: 0.5}}, "
+        f"{{name: judge, path: {tiny_policy}, kind: judge, engine: hf, sampling: {{max_tokens: 4}}}}"
+    )
+    config = write_grpo_config(reward=f"{{error_reward: -1.0, models: [{models}]}}")
+    cfg = load_config(GRPOConfig, config, ["max_steps=2", "eval.every=0", "rollout.threads=1"])
+    rows = grpo_serial(cfg)["metrics"]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["reward/rm/calls"] > 0 and row["reward/judge/calls"] > 0
+        weighed = row["reward/toy_task"] + 0.5 * row["reward/rm"] + row["reward/judge"]
+        assert row["rollout/reward"] == pytest.approx(weighed, abs=1e-5)
+        assert row["reward/total"] == pytest.approx(weighed, abs=1e-5)  # every source's total

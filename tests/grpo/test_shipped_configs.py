@@ -161,8 +161,8 @@ def test_grpo_config_runs_two_steps(name, request, tmp_path):
         assert row["buffer/policy_age_max"] <= max_age and row["grpo/trained_policy_age_max"] <= max_age
         missing = [key for key in STEP_METRICS if key not in row]
         assert not missing, f"metrics row of step {row['step']} has no {missing}"
-    # Recorded inside the reward actor, whose metrics reach the row of the flush that collects
-    # them: on a loaded machine a step's rollout can land in the next step's row.
+    # Recorded by the rollout loops as they score, into the row of the flush that collects them:
+    # on a loaded machine a step's rollout can land in the next step's row.
     assert any("reward/total" in row for row in rows[1:])
     # Each publish is stored in the background and reports its size and speed.
     published = [r for r in rows if "weight_sync/publish_s" in r]

@@ -9,9 +9,9 @@ import pytest
 
 from forge.observability.backends import JsonlBackend, drop_metrics_after
 from forge.observability.jsonl import JsonlAppender, keep_rows, read_jsonl
-from forge.observability.rollouts import batches_path, read_records, trim_run_records
 from forge.observability.run_dir import read_metric_rows
 from forge.recipes.grpo_replay import load_replay_batches
+from forge.rollout.records import batches_path, read_records, trim_run_records
 
 
 def write_cut(path, rows: list[dict], cut: str) -> None:

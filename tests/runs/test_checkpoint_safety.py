@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 from apps.grpo.main import main
 
-from forge.data.episode_buffer import EpisodeBuffer, ReplayBufferConfig
 from forge.data.prompts import PromptCursor
 from forge.data.tokenizer import embedded_tokenizer
 from forge.data.types import Completion, Episode, Turn
 from forge.engines.titan.checkpoint import TrainState, load_dcp, save_dcp
+from forge.replay_buffer import EpisodeBuffer, ReplayBufferConfig
 from forge.runs.checkpoint import Progress, RunActors, RunCheckpointer
 from forge.runs.manifest import write_manifest
 

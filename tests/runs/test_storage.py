@@ -9,7 +9,7 @@ import pytest
 
 from forge.data.types import Completion
 from forge.observability.jsonl import JsonlAppender
-from forge.observability.rollouts import RolloutRecorder
+from forge.rollout.records import RolloutRecorder
 from forge.runs import RunStopped
 from forge.runs.storage import check_writable_dir, stop_on_storage_errors
 

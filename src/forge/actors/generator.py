@@ -8,10 +8,13 @@ the rollout passes each prompt's position in the dataset's stream as its key, so
 draws the same samples however its prompts are batched, and a resumed run continues them.
 Calls without keys use the ordinal of the call instead.
 
-Prompts are strings or chat messages; the generator renders them into the ids it samples from
-with its tokenizer and `chat_template` (`forge.data.chat_prompts`), so the rollouts and the
-eval see the same ids, and `Completion.prompt` holds their text form. Stop strings
-(`sampling.stop`) are applied by the engines, which get the tokenizer for them.
+Rollouts and the eval render their prompts once, in the rollout (`forge.rollout.groups`), and
+send token ids (`generate_ids`), which are sampled from as they are. `generate` and
+`generate_batch` take strings or chat messages and render them with the same renderer
+(`forge.data.chat_prompts`), the generator's tokenizer and `chat_template`: for callers that hold
+no tokenizer of the model, such as a judge's (`forge.actors.reward_models`). `Completion.prompt`
+holds the prompt's text form. Stop strings (`sampling.stop`) are applied by the engines, which
+get the tokenizer for them.
 
 Weights: before each request the generator loads the newest complete version in the store,
 if there is a newer one (`forge.weight_sync.WeightPuller`); a request can ask for at least
@@ -226,7 +229,7 @@ class Generator(ForgeActor):
         **sampling: Any,
     ) -> list[list[Completion]]:
         """Like `generate_batch`, continuing from token ids as they are (a multi-turn trajectory
-        so far, `forge.envs.rollout`): nothing is rendered or re-tokenized."""
+        so far, `forge.rollout.groups`): nothing is rendered or re-tokenized."""
         await self._pick_up_newest(min_version)
         rendered = [RenderedPrompt(list(ids), self.tokenizer.decode(ids)) for ids in prompt_ids]
         return await self._generate(rendered, sample_keys, sampling)

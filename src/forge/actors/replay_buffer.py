@@ -5,9 +5,9 @@ from __future__ import annotations
 from monarch.actor import endpoint
 
 from forge.controller import ForgeActor
-from forge.data.episode_buffer import EpisodeBuffer, ReplayBufferConfig
 from forge.data.types import Episode
 from forge.observability.jsonl import JsonlAppender
+from forge.replay_buffer import EpisodeBuffer, ReplayBufferConfig
 from forge.rl.batch import PolicyBatch
 
 

@@ -1,23 +1,21 @@
-"""Reward models: a classifier actor, a judge (a frozen `Generator`), and how a rollout calls them.
+"""Reward models as actors: a classifier actor, a judge (a frozen `Generator`), and their
+services as the clients `forge.rewards.models.RewardModels` scores with.
 
 Each model of `reward.models` runs as a service, also with one replica: a replica that dies or
 misses its call's deadline (`timeout_s`) is replaced and the call retried
 (forge.controller.service), where a lone actor's death would stop the run and a hung one,
 killed, would leave every later rollout unscored. A call that fails for good scores
-`reward.error_reward` for its responses and is counted in reward/<name>/errors (or /timeouts
-when the judge's lone call hung); the run goes on, as it does for reward functions.
+`reward.error_reward` for its responses and is counted (`forge.rewards.models`); the run goes
+on, as it does for reward functions.
 
-A rollout's responses go to each model in calls of `batch_size` (one call when they fit), all
-models and calls at once. A judge's answers are kept in `Episode.reward_notes`, so that the
-rollout records show why a response scored what it did.
+The services are handles of the controller (they replace replicas from its event loop), so the
+rollout's scoring calls them from there (`forge.rollout.scores`), next to its call to
+the reward actor that runs the reward functions.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from monarch.actor import endpoint
@@ -28,10 +26,7 @@ from forge.controller import ForgeActor
 from forge.controller.gpu_plan import TRAINER_GROUP
 from forge.controller.liveness import ActorHungError
 from forge.controller.service import ReplicaHungError
-from forge.observability import Reduce, record_metric
-from forge.rewards.judge import judge_question
-
-logger = logging.getLogger(__name__)
+from forge.rewards.models import RewardModels
 
 
 class ClassifierRewardModel(ForgeActor):
@@ -69,92 +64,28 @@ async def launch_reward_model(m: RewardModelConfig, gpus: bool) -> Any:
     return await Generator.options(**placement).as_service(judge_generator_config(m), follows_policy=False)
 
 
-@dataclass
-class ModelScores:
-    """One model's values for a rollout's responses, and a judge's answers (None: a classifier)."""
+class ServiceModel:
+    """A reward model's service (or lone actor) as a `forge.rewards.models.ModelClient`: every
+    call within the model's `timeout_s`; one whose last try hung raises `TimeoutError`."""
 
-    values: list[float]
-    notes: list[str] | None = None
+    def __init__(self, handle, timeout_s: float):
+        self.handle, self.timeout_s = handle, timeout_s
 
+    async def classify(self, prompts: list[str], responses: list[str]) -> list[float]:
+        return await self._within(self.handle.score, prompts, responses)
 
-@dataclass
-class RewardModels:
-    """The run's reward models (config, service handle), as `forge.rollout.score_groups` calls them."""
+    async def answer(self, questions: list[str]) -> list[str]:
+        answers = await self._within(self.handle.generate_batch, questions)
+        return [completions[0].text for completions in answers]
 
-    models: list[tuple[RewardModelConfig, Any]]
-    error_reward: float = 0.0
-    counts: dict[str, int] = field(default_factory=lambda: {"errors": 0, "timeouts": 0})
-
-    @classmethod
-    async def launch(cls, cfg: RewardConfig, gpus: bool) -> RewardModels:
-        handles = await asyncio.gather(*(launch_reward_model(m, gpus) for m in cfg.models))
-        return cls(list(zip(cfg.models, handles, strict=True)), cfg.error_reward)
-
-    def weighted_total(self, values: dict[str, float]) -> float:
-        """What one response's {model name: value} adds to its reward."""
-        weights = {m.name: m.weight for m, _ in self.models}
-        return sum(weights[name] * value for name, value in values.items())
-
-    async def score(
-        self, prompts: list[str], responses: list[str], targets: list[str]
-    ) -> dict[str, ModelScores]:
-        """{model name: its scores} of the responses (one prompt and target per response)."""
-        scored = await asyncio.gather(
-            *(self._score(m, h, prompts, responses, targets) for m, h in self.models)
-        )
-        return {m.name: s for (m, _), s in zip(self.models, scored, strict=True)}
-
-    async def _score(self, m: RewardModelConfig, handle, prompts, responses, targets) -> ModelScores:
-        batches = [slice(i, i + m.batch_size) for i in range(0, len(responses), m.batch_size)]
-        parts = await asyncio.gather(
-            *(self._call(m, handle, prompts[b], responses[b], targets[b]) for b in batches)
-        )
-        scores = ModelScores(
-            [v for p in parts for v in p.values],
-            None if m.kind == "classifier" else [n for p in parts for n in p.notes],
-        )
-        for value in scores.values:
-            record_metric(f"reward/{m.name}", value, Reduce.MEAN)
-        return scores
-
-    async def _call(self, m: RewardModelConfig, handle, prompts, responses, targets) -> ModelScores:
-        record_metric(f"reward/{m.name}/calls", 1, Reduce.SUM)
+    async def _within(self, endpoint, *args):
         try:
-            if m.kind == "classifier":
-                values = await handle.score.route_within(m.timeout_s, prompts, responses)
-                texts = None
-            else:
-                questions = [
-                    judge_question(m.template, *item)
-                    for item in zip(prompts, responses, targets, strict=True)
-                ]
-                answers = await handle.generate_batch.route_within(m.timeout_s, questions)
-                texts = [completions[0].text for completions in answers]
-                values = [m.parse.score(text) for text in texts]
+            return await endpoint.route_within(self.timeout_s, *args)
         except (ActorHungError, ReplicaHungError) as e:  # the last replica it tried hung
-            return self._failed(m, "timeouts", e, len(responses))
-        # Every replica it tried died or hung (ReplicaFailedError, NoHealthyReplicaError), or the
-        # model's endpoint raised (the replica itself is fine).
-        except Exception as e:
-            return self._failed(m, "errors", e, len(responses))
-        # A value that is no finite number (a classifier's nan, a judge's answer that the rule
-        # does not read) is an error of that response alone.
-        for i, value in enumerate(values):
-            if value is None or not math.isfinite(value):
-                values[i] = self.error_reward
-                if texts is None:
-                    why = f"scored {value} on {responses[i][:200]!r}"
-                else:
-                    why = f"answered {texts[i][:200]!r}, which parse.regex {m.parse.regex!r} does not match"
-                self._count(m, "errors", why)
-        return ModelScores(values, texts)
+            raise TimeoutError(str(e)) from e
 
-    def _failed(self, m: RewardModelConfig, kind: str, error: BaseException, size: int) -> ModelScores:
-        self._count(m, kind, f"failed on a call of {size} responses: {error}")
-        note = f"(no answer: {type(error).__name__})"
-        return ModelScores([self.error_reward] * size, None if m.kind == "classifier" else [note] * size)
 
-    def _count(self, m: RewardModelConfig, kind: str, why: str) -> None:
-        logger.warning("reward model '%s' %s: scored %s", m.name, why.splitlines()[0], self.error_reward)
-        record_metric(f"reward/{m.name}/{kind}", 1, Reduce.SUM)
-        self.counts[kind] += 1
+async def launch_reward_models(cfg: RewardConfig, gpus: bool) -> RewardModels:
+    handles = await asyncio.gather(*(launch_reward_model(m, gpus) for m in cfg.models))
+    clients = [ServiceModel(h, m.timeout_s) for m, h in zip(cfg.models, handles, strict=True)]
+    return RewardModels(list(zip(cfg.models, clients, strict=True)), cfg.error_reward)

@@ -22,7 +22,7 @@ class Turn:
 @dataclass
 class Completion:
     """One sampled response to a prompt, as the generator produced it, or a whole multi-turn
-    trajectory (``forge.envs.trajectory``).
+    trajectory (``forge.rollout.trajectories``).
 
     ``response_ids`` include the stop token when ``stop_reason == "stop"``; ``text`` is the
     decoded response without special tokens. ``logprobs`` has one entry per response token:

@@ -1,7 +1,6 @@
-"""Environments for multi-turn episodes and tool-using agents.
+"""Environments for multi-turn episodes and tool-using agents (rolled out by ``forge.rollout``).
 
 - ``base``: the interface (``Environment``, ``EnvStep``) a user subclasses;
-- ``rollout``: groups of trajectories, token in and token out, with either engine;
 - ``turns``: the environment's turns as ids, in the chat template's formatting;
 - ``sessions``: environment instances per trajectory (in-process; ``forge.actors.environment``
   puts them in an actor);

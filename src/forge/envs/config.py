@@ -26,6 +26,6 @@ class EnvConfig(ForgeConfigModel):
     replicas: int = Field(1, ge=1)
 
     def limits(self, seq_len: int):
-        from forge.envs.rollout import TrajectoryLimits
+        from forge.rollout.groups import TrajectoryLimits
 
         return TrajectoryLimits(self.max_turns, self.max_tokens or seq_len)

@@ -14,16 +14,18 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from forge.envs.base import Environment, EnvStep, Message, load_environment_class
+from forge.data.chat_prompts import Prompt
+from forge.envs.base import Environment, EnvStep, load_environment_class
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Opening:
-    """What ``reset`` gave for one trajectory: its opening messages and the tools it declares."""
+    """What ``reset`` gave for one trajectory: its opening messages and the tools it declares
+    (single-turn GRPO's ``OneTurn`` opens with the dataset row's prompt, a string or messages)."""
 
-    messages: list[Message]
+    messages: Prompt
     tools: list[dict] | None
 
 

@@ -42,7 +42,7 @@ class MetricsConfig(ForgeConfigModel):
     tensorboard_dir: str | None = None
     wandb: WandbConfig | None = None
     # Rollout records (apps that generate): one JSON line per episode entering the replay
-    # buffer and per eval answer; see forge.observability.rollouts.
+    # buffer and per eval answer; see forge.rollout.records.
     rollouts_path: str | None = None
     rollouts_every: int = Field(1, ge=1, description="record one group of episodes in N")
 

@@ -2,7 +2,7 @@
 
 A GRPO run with `metrics.rollouts_path` set records every episode that enters the replay
 buffer (rollouts.jsonl) and, next to it, the episode ids of each training batch in order
-(rollouts.batches.jsonl, see `forge.observability.rollouts`). Replay rebuilds those
+(rollouts.batches.jsonl, see `forge.rollout.records`). Replay rebuilds those
 batches, token for token and logprob for logprob, and trains on them with no generator,
 reward, reference or dataset actor. From the same initial policy and seed, step k of the
 replay sees the batch step k of the recorded run saw, so on CPU its losses are the
@@ -22,14 +22,14 @@ from forge.data.types import Completion, Episode
 from forge.engines.titan.shares import share_of
 from forge.observability import MetricsConfig, Reduce, get_metric_logger, record_metric
 from forge.observability.progress import Progress
-from forge.observability.rollouts import (
+from forge.rl.batch import PolicyBatch
+from forge.rollout.records import (
     batches_path,
     decode_floats,
     decode_ids,
     read_records,
     turns_from_record,
 )
-from forge.rl.batch import PolicyBatch
 
 
 def episode_from_record(record: dict) -> Episode:

@@ -4,7 +4,7 @@ pipeline (apps/grpo) is tested against.
 Each step, top to bottom:
   1. rollouts: draw prompts, roll out a group of trajectories per prompt with the current
      policy (one completion each without an environment; with one, model and environment
-     take turns, forge.envs.rollout), score them, give each a group-relative advantage, and
+     take turns, forge.rollout.groups), score them, give each a group-relative advantage, and
      put the groups that carry a learning signal in the replay buffer, until it holds a batch;
   2. one optimizer step of the policy on a batch drawn from the buffer;
   3. the sampling engine takes the new weights.
@@ -27,23 +27,25 @@ from transformers import AutoTokenizer
 
 from forge.actors.generator import build_generation_engine
 from forge.data.chat_prompts import PromptRenderer
-from forge.data.episode_buffer import EpisodeBuffer
 from forge.data.prompts import PromptCursor, load_prompt_rows
 from forge.data.types import Completion, Episode
 from forge.engines.generation import to_completions
 from forge.engines.titan.engine import TitanEngine
 from forge.engines.titan.logprobs import completion_logprobs
-from forge.envs.rollout import run_groups
 from forge.envs.sessions import LocalEnvironments
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
 from forge.observability.collector import pop_state
-from forge.rewards.functions import get_reward_fn
+from forge.recipes.reward_models import local_reward_models
+from forge.replay_buffer import EpisodeBuffer
 from forge.rewards.scorer import RewardScorer
 from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses import build_loss
-from forge.rollout import score_inputs, with_env_reward, without_truncated
+from forge.rollout.eval import score_answers
+from forge.rollout.groups import OneTurn, run_groups
+from forge.rollout.scores import score_trajectories
+from forge.rollout.step import without_truncated
 
 
 def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
@@ -52,11 +54,6 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     "eval_accuracy": [(step, accuracy), ...] from step 0}`; `on_step(step, row)` sees each
     row as it is made. Runs torch on `cfg.actor_threads` threads, as each of the app's
     actors does."""
-    if cfg.reward.models:
-        raise ValueError(
-            f"reward.models ({', '.join(m.name for m in cfg.reward.models)}): the serial recipe runs no "
-            "reward models; train with apps.grpo.main, or remove reward.models"
-        )
     if cfg.actor_threads is not None:
         torch.set_num_threads(cfg.actor_threads)
     torch.manual_seed(cfg.seed)
@@ -68,12 +65,12 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     # the two hold the same weights after every step.
     policy = TitanEngine(cfg.trainer.engine, trainable=True)
     sampler = build_generation_engine(cfg.generator, tokenizer.eos_token_id, tokenizer)
-    # Rows become trajectories as in the app (forge.envs.rollout): the chat template renders the
+    # Rows become trajectories as in the app (forge.rollout.groups): the chat template renders the
     # prompts and the environment's turns; the environment runs here rather than in an actor.
     renderer = TurnRenderer(
         PromptRenderer(tokenizer, cfg.dataset.chat_template), cfg.generator.sampling.stop_token_ids
     )
-    envs = LocalEnvironments(cfg.env.name, cfg.env.params) if cfg.env is not None else None
+    envs = LocalEnvironments(cfg.env.name, cfg.env.params) if cfg.env is not None else OneTurn()
     drop_truncated = cfg.env is not None and cfg.env.on_truncation == "drop"
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
     loss_fn = build_loss(cfg.trainer.loss.name, **cfg.trainer.loss.params)
@@ -82,11 +79,17 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     scorer = RewardScorer(
         [(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward, remote=cfg.reward.remote
     )
+
+    async def score_functions(prompts, responses, targets):
+        return scorer.score_groups(prompts, responses, targets)
+
+    # The reward models, each loaded here, scored as the app scores its reward-model services.
+    reward_models = local_reward_models(cfg.reward)
     train_rows, eval_rows = load_prompt_rows(cfg.dataset)
     prompts = PromptCursor(train_rows, cfg.dataset.seed)
     buffer = EpisodeBuffer(cfg.replay_buffer)
     eval_rows = eval_rows[: cfg.eval.num_prompts]
-    eval_score = get_reward_fn(cfg.eval.reward_fn)
+    eval_scorer = RewardScorer([(cfg.eval.reward_fn, 1.0)], metric_prefix="eval/reward")
 
     def generate(
         rows: list[dict],
@@ -121,27 +124,29 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
         # A group whose environment failed is not scored (counted in rollout/env_failures).
         rows, groups = [r for r, g in zip(rows, groups, strict=True) if g], [g for g in groups if g]
         # All groups in one batch, as the reward actor scores them: group functions see each group.
-        inputs = [score_inputs(g) for g in groups]
-        scored_groups = scorer.score_groups(
-            [contexts for contexts, _ in inputs],
-            [answers for _, answers in inputs],
-            [r["target"] for r in rows],
+        scored_groups = asyncio.run(
+            score_trajectories(groups, [r["target"] for r in rows], score_functions, reward_models)
         )
         episodes = []
-        for row, group, group_scores in zip(rows, groups, scored_groups, strict=True):
-            scores = [with_env_reward(c, *score) for c, score in zip(group, group_scores, strict=True)]
-            for total, _ in scores:
+        for row, group, scores in zip(rows, groups, scored_groups, strict=True):
+            for total, *_ in scores:
                 record_metric("rollout/reward", total, Reduce.MEAN)
-            rewards = torch.tensor([total for total, _ in scores], dtype=torch.float32)
+            rewards = torch.tensor([total for total, *_ in scores], dtype=torch.float32)
             # A group whose rewards are all equal teaches nothing: skipped (DAPO's dynamic sampling).
             if cfg.rollout.skip_groups_without_signal and not has_signal(rewards):
                 continue
             advantages = group_advantages(rewards, mode=cfg.rollout.advantage).tolist()
             scored = [
                 Episode(
-                    c, row["target"], str(row["index"]), reward=total, reward_breakdown=parts, advantage=a
+                    c,
+                    row["target"],
+                    str(row["index"]),
+                    reward=total,
+                    reward_breakdown=parts,
+                    reward_notes=notes,
+                    advantage=a,
                 )
-                for c, (total, parts), a in zip(group, scores, advantages, strict=True)
+                for c, (total, parts, notes), a in zip(group, scores, advantages, strict=True)
             ]
             episodes += [e for g in (without_truncated([scored]) if drop_truncated else [scored]) for e in g]
         if episodes and reference is not None:
@@ -155,13 +160,14 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
 
     def accuracy() -> float:
         groups = generate(eval_rows, None, version, 1, max_tokens=cfg.eval.max_tokens, temperature=0.0)
-        return sum(
-            g is not None and eval_score(*g[0].final_answer, r["target"]) == 1.0
-            for r, g in zip(eval_rows, groups, strict=True)
-        ) / max(len(eval_rows), 1)
+        scores, _ = score_answers(eval_rows, groups, eval_scorer)
+        record_metric("eval/accuracy", scores.accuracy, Reduce.MEAN)
+        record_metric("eval/reward_mean", scores.reward_mean, Reduce.MEAN)
+        return scores.accuracy
 
     version, rows = 0, []
     history = {"metrics": rows, "eval_accuracy": [(0, accuracy())] if cfg.eval.every else []}
+    pop_state()  # the initial eval's metrics are not step 1's
     for step in range(1, cfg.max_steps + 1):
         started = time.perf_counter()
         # 1. Rollouts by the current policy until the buffer holds a batch (it evicts
@@ -180,7 +186,6 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
         record_metric("grpo/weight_sync_ms", (time.perf_counter() - sync_started) * 1e3, Reduce.MEAN)
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.max_steps):
             history["eval_accuracy"].append((step, accuracy()))
-            record_metric("eval/accuracy", history["eval_accuracy"][-1][1], Reduce.MEAN)
         record_metric("grpo/step_s", time.perf_counter() - started, Reduce.MEAN)
         row = {"step": step, **{key: acc.value() for key, acc in sorted(pop_state().items())}}
         rows.append(row)

@@ -23,6 +23,7 @@ from forge.engines.hf_generate import HFGenerateEngine
 from forge.observability import record_metric
 from forge.rewards.functions import RewardFn
 from forge.rl.batch import PolicyBatch
+from forge.rollout.eval import greedy_accuracy
 from forge.runs.checkpoint import RunCheckpointer, controller_rng_state, set_controller_rng_state
 from forge.sft.batches import SFTDataLoader, eval_batches
 from forge.sft.dataset import SFTData, SFTDataConfig, build_sft_data
@@ -192,12 +193,12 @@ def greedy_exact_match(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     engine = HFGenerateEngine(model, eos_token_id=tokenizer.eos_token_id)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    correct = 0
+    scores = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         rendered = [renderer.render(row["prompt"]) for row in chunk]
         outputs = engine.generate([r.ids for r in rendered], params)
         for row, prompt, (sequence,) in zip(chunk, rendered, outputs, strict=True):
             text = tokenizer.decode(sequence.token_ids, skip_special_tokens=True)
-            correct += reward_fn(prompt.text, text, row["target"]) == 1.0
-    return correct / len(rows)
+            scores.append(reward_fn(prompt.text, text, row["target"]))
+    return greedy_accuracy(scores, len(rows))

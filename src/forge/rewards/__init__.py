@@ -5,7 +5,11 @@
   a whole group per call; `math_verify_reward`, `reasoning_gym_reward`: built-ins whose
   libraries are imported only when a config names them.
 - `scorer`: `RewardScorer`, the weighted total of the functions and the reward server for each
-  response, with ``reward.error_reward`` and the error and timeout counts.
+  response;
+- `models`: reward models (classifiers, judges) as a source, over a client per model (an actor
+  service in the app, an engine in the serial recipe);
+- `failures`: what a failed call scores (``reward.error_reward``) and how it is counted, for the
+  functions, the reward server and the reward models alike.
 - `worker`: the process that runs the functions with a time limit per call.
 - `remote`: the reward server's client (``reward.remote``).
 - `judge`: a generative judge's question and how its answer becomes a score.

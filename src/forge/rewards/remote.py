@@ -26,7 +26,6 @@ import http.client
 import json
 import logging
 import math
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -38,6 +37,7 @@ from pydantic import Field, field_validator
 
 from forge.config import ForgeConfigModel
 from forge.observability import Reduce, record_metric
+from forge.rewards.failures import RewardFailures
 
 logger = logging.getLogger(__name__)
 
@@ -100,12 +100,10 @@ class RemoteScorer:
     """Scores (prompt, response, target) items with the reward server (see the module docstring);
     an item of a batch that failed for good scores `error_reward`."""
 
-    def __init__(self, cfg: RemoteRewardConfig, error_reward: float):
+    def __init__(self, cfg: RemoteRewardConfig, failures: RewardFailures):
         self.cfg = cfg
-        self.error_reward = error_reward
-        # Since the start: failed requests and requests sent again.
-        self.counts = {"errors": 0, "timeouts": 0, "retries": 0}
-        self._counts_lock = threading.Lock()
+        # Each failed request counts (also one sent again), under the name `remote`.
+        self.failures = failures
         self._pool = ThreadPoolExecutor(cfg.max_concurrent, thread_name_prefix="remote-reward")
 
     def submit(self, items: list[tuple[str, str, str]]) -> PendingScores:
@@ -128,7 +126,7 @@ class RemoteScorer:
             try:
                 return self._post(body, len(items))
             except RequestFailed as failure:
-                self._count(failure.counter)
+                self.failures.count(REMOTE, failure.counter)
                 retry = failure.retryable and attempt <= self.cfg.retries
                 logger.warning(
                     "reward server %s: a batch of %d responses %s (attempt %d of %d); %s",
@@ -137,11 +135,11 @@ class RemoteScorer:
                     failure.why,
                     attempt,
                     self.cfg.retries + 1,
-                    "sending it again" if retry else f"its responses score {self.error_reward}",
+                    "sending it again" if retry else f"its responses score {self.failures.error_reward}",
                 )
                 if not retry:
-                    return [self.error_reward] * len(items)
-            self._count("retries")
+                    return [self.failures.error_reward] * len(items)
+            record_metric(f"{self.failures.metric_prefix}/{REMOTE}/retries", 1, Reduce.SUM)
             time.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
 
     def _post(self, body: bytes, size: int) -> list[float]:
@@ -162,11 +160,6 @@ class RemoteScorer:
                 raise RequestFailed("timeouts", why, retryable=True) from None
             raise RequestFailed("errors", f"failed: {reason!r}", retryable=True) from None
         return parse_scores(text, size)
-
-    def _count(self, counter: str) -> None:
-        record_metric(f"reward/{REMOTE}/{counter}", 1, Reduce.SUM)
-        with self._counts_lock:
-            self.counts[counter] += 1
 
 
 def parse_scores(text: bytes, size: int) -> list[float]:

@@ -27,15 +27,12 @@ its own timeouts and retries, and scores ``error_reward`` where it fails.
 
 from __future__ import annotations
 
-import logging
-
 from forge.observability import Reduce, record_metric
+from forge.rewards.failures import RewardFailures
 from forge.rewards.functions import get_reward_fn
 from forge.rewards.group_functions import is_group_reward
 from forge.rewards.remote import REMOTE, RemoteRewardConfig, RemoteScorer
 from forge.rewards.worker import ERROR, TIMEOUT, Call, Outcome, RewardWorker, call_here
-
-logger = logging.getLogger(__name__)
 
 COUNTERS = {ERROR: "errors", TIMEOUT: "timeouts"}
 
@@ -44,8 +41,9 @@ class RewardScorer:
     """Scores responses with weighted reward functions (see the module docstring) and, with
     ``remote``, a reward server (`forge.rewards.remote`), group by group.
 
-    ``timeout_s=None`` runs the functions in this process, with no time limit. Metrics are
-    recorded under ``metric_prefix`` (``eval/reward`` for the eval's scorer).
+    ``timeout_s=None`` runs the functions in this process, with no time limit. Each function's
+    values are recorded under ``metric_prefix`` (``eval/reward`` for the eval's scorer); the
+    total, which has other sources, where they are summed (`forge.rollout.scores`).
     """
 
     def __init__(
@@ -58,10 +56,9 @@ class RewardScorer:
     ):
         self.functions = [(name, weight, get_reward_fn(name)) for name, weight in functions]
         self.metric_prefix = metric_prefix
-        self.error_reward = error_reward
-        self._counts = {"errors": 0, "timeouts": 0}
+        self.failures = RewardFailures(error_reward, metric_prefix)
         self._worker = RewardWorker([name for name, _ in functions], timeout_s) if timeout_s else None
-        self._remote = RemoteScorer(remote, error_reward) if remote is not None else None
+        self._remote = RemoteScorer(remote, self.failures) if remote is not None else None
 
     def start(self) -> None:
         """Starts the worker process now rather than at the first scoring (it takes a second or
@@ -73,8 +70,7 @@ class RewardScorer:
     def counts(self) -> dict[str, int]:
         """Failed calls since the start (of a function on a response or a group, or a request to
         the reward server), for messages that explain a run's state (e.g. a starving trainer)."""
-        remote = self._remote.counts if self._remote is not None else {}
-        return {kind: n + remote.get(kind, 0) for kind, n in self._counts.items()}
+        return self.failures.counts
 
     def score_many(self, items: list[tuple[str, str, str]]) -> list[tuple[float, dict[str, float]]]:
         """(weighted total, {function name: its value}) of each (prompt, response, target), each
@@ -113,7 +109,6 @@ class RewardScorer:
                 for name, weight in weights:
                     record_metric(f"{self.metric_prefix}/{name}", breakdown[name], Reduce.MEAN)
                     total += weight * breakdown[name]
-                record_metric(f"{self.metric_prefix}/total", total, Reduce.MEAN)
                 scores[-1].append((total, breakdown))
         return scores
 
@@ -154,10 +149,7 @@ class RewardScorer:
             if isinstance(response, list)
             else f"response {response[:200]!r}"
         )
-        logger.warning("reward function '%s' %s on %s: scored %s", name, why, scored, self.error_reward)
-        record_metric(f"{self.metric_prefix}/{name}/{COUNTERS[kind]}", 1, Reduce.SUM)
-        self._counts[COUNTERS[kind]] += 1
-        return [self.error_reward] * size
+        return self.failures.failed(name, COUNTERS[kind], f"reward function '{name}' {why} on {scored}", size)
 
     def close(self) -> None:
         if self._worker is not None:

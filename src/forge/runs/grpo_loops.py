@@ -28,8 +28,9 @@ from typing import Any
 
 from forge.observability import Reduce, record_metric
 from forge.observability.progress import Progress as ProgressDisplay
-from forge.observability.rollouts import RolloutRecorder, trim_run_records
-from forge.rollout import RolloutCounts, Rollouts, greedy_eval, rollout_step, wait_for_room
+from forge.rollout.eval import greedy_eval
+from forge.rollout.records import RolloutRecorder, trim_run_records
+from forge.rollout.step import RolloutCounts, Rollouts, rollout_step, wait_for_room
 from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpointer
 from forge.runs.faults import wait_for_loops
 from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
@@ -41,7 +42,7 @@ from forge.staleness import StalenessBound
 @dataclass
 class GRPOActors:
     """The handles the loops drive (trainer and reference None when the config has none;
-    reward_models: forge.actors.reward_models.RewardModels, or None for none)."""
+    reward_models: forge.rewards.models.RewardModels, or None for none)."""
 
     dataset: Any
     rollouts: Rollouts

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from forge.observability import Reduce, record_metric
-from forge.rollout import RolloutCounts
+from forge.rollout.step import RolloutCounts
 from forge.runs.errors import RunStopped
 
 
@@ -49,7 +49,7 @@ async def starvation_report(
 ) -> str:
     """Counts since the start that explain a starving trainer (`buffer_config`: a
     `ReplayBufferConfig`). Reward errors and timeouts are every source's: the reward actor's
-    functions and server, and the reward models (`forge.actors.reward_models.RewardModels`,
+    functions and server, and the reward models (`forge.rewards.models.RewardModels`,
     called from this process)."""
     max_policy_age, batch_size = buffer_config.max_policy_age, buffer_config.batch_size
     buffer = await replay_buffer.counts.route()

@@ -22,12 +22,12 @@ from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
 from forge.envs import EnvStep
 from forge.envs.base import Environment
-from forge.envs.rollout import TrajectoryLimits, run_groups
 from forge.envs.sessions import LocalEnvironments
 from forge.envs.turns import TurnRenderer
 from forge.rl.batch import PolicyBatch
 from forge.rl.ops import compute_logprobs
-from forge.rollout import without_truncated
+from forge.rollout.groups import TrajectoryLimits, run_groups
+from forge.rollout.step import without_truncated
 
 TOKENIZER = embedded_tokenizer()
 EOS = TOKENIZER.eos_token_id

@@ -11,9 +11,9 @@ Every generate call batches the turns of all trajectories that are still going, 
 engines see as large a batch as there is. The model's tokens keep their sampled ids, logprobs
 and policy version; nothing is re-tokenized (``forge.envs.turns``).
 
-Without an environment a row's prompt is rendered as it is and the trajectory is one turn:
-single-turn GRPO is this code with ``envs=None``, and gives exactly the completions the
-generator returned.
+Single-turn GRPO is this code with the built-in ``OneTurn`` environment (the default): it opens
+with the row's prompt as it is and ends every trajectory after the model's first turn, with no
+reward, so its completions are exactly the ones the generator returned.
 
 Limits: ``max_turns`` model turns, and a budget of ``max_tokens`` for the whole sequence
 (prompt and every turn; the trainer's ``seq_len``). A trajectory stopped by a limit while its
@@ -34,20 +34,36 @@ from forge.data.types import Completion
 from forge.engines.generation import sample_seed
 from forge.envs.base import EnvStep
 from forge.envs.sessions import EnvFailure, Opening
-from forge.envs.trajectory import Trajectory
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
+from forge.rollout.trajectories import Trajectory
 
 # generate(prompt_ids, sample_keys, n=..., max_tokens=..., **sampling) -> n completions per prompt
 Generate = Callable[..., Awaitable[list[list[Completion]]]]
 
 
 class EnvSessions(Protocol):
-    """Environments keyed by trajectory id (``LocalEnvironments``, or an actor's endpoints)."""
+    """Environments keyed by trajectory id (``OneTurn``, ``LocalEnvironments``, or an actor's
+    endpoints)."""
 
     async def reset(self, ids: list[str], rows: list[dict]) -> list[Opening | EnvFailure]: ...
     async def step(self, ids: list[str], texts: list[str]) -> list[EnvStep | EnvFailure]: ...
     async def close(self, ids: list[str]) -> None: ...
+
+
+class OneTurn:
+    """The environment of single-turn GRPO (no ``env`` configured): the row's prompt as it is,
+    and one model turn, which ends the trajectory with no reward. Its trajectories become plain
+    completions (no turns or mask: see ``Trajectory.to_completion``)."""
+
+    async def reset(self, ids: list[str], rows: list[dict]) -> list[Opening | EnvFailure]:
+        return [Opening(row["prompt"], None) for row in rows]
+
+    async def step(self, ids: list[str], texts: list[str]) -> list[EnvStep | EnvFailure]:
+        return [EnvStep(done=True) for _ in ids]
+
+    async def close(self, ids: list[str]) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -64,7 +80,7 @@ async def run_groups(
     generate: Generate,
     renderer: TurnRenderer,
     max_tokens: int,
-    envs: EnvSessions | None = None,
+    envs: EnvSessions = OneTurn(),
     limits: TrajectoryLimits = TrajectoryLimits(),
     **sampling: Any,
 ) -> list[list[Completion] | None]:
@@ -76,40 +92,35 @@ async def run_groups(
     try:
         prompts = await _openings(rows, ids, group_size, renderer, envs, limits)
         groups = await _first_turn(prompts, sample_keys, group_size, generate, max_tokens, limits, sampling)
-        if envs is not None:
-            by_id = {
-                i: t
-                for group_ids, group in zip(ids, groups, strict=True)
-                if group
-                for i, t in zip(group_ids, group, strict=True)
-            }
-            await _continue(by_id, sample_keys, ids, generate, renderer, envs, max_tokens, limits, sampling)
+        by_id = {
+            i: t
+            for group_ids, group in zip(ids, groups, strict=True)
+            if group
+            for i, t in zip(group_ids, group, strict=True)
+        }
+        await _continue(by_id, sample_keys, ids, generate, renderer, envs, max_tokens, limits, sampling)
     finally:
-        if envs is not None:
-            await envs.close(flat_ids)
-    return _completions(groups, renderer.tokenizer, single_turn=envs is None)
+        await envs.close(flat_ids)
+    return _completions(groups, renderer.tokenizer, single_turn=isinstance(envs, OneTurn))
 
 
 async def _openings(rows, ids, group_size, renderer, envs, limits) -> list[RenderedPrompt | None]:
-    """Each row's prompt: rendered as it is, or the environment's opening (None: reset failed)."""
-    if envs is None:
-        prompts = [renderer.prompts.render(row["prompt"]) for row in rows]
-    else:
-        flat_rows = [row for row in rows for _ in range(group_size)]
-        openings = await envs.reset([i for group in ids for i in group], flat_rows)
-        prompts = []
-        for g in range(len(rows)):
-            group = openings[g * group_size : (g + 1) * group_size]
-            if any(isinstance(o, EnvFailure) for o in group):
-                record_metric("rollout/env_failures", 1, Reduce.SUM)
-                prompts.append(None)
-                continue
-            if any((o.messages, o.tools) != (group[0].messages, group[0].tools) for o in group):
-                raise ValueError(
-                    "env.reset() opened the trajectories of one dataset row with different messages: "
-                    "GRPO compares samples of one prompt, so reset must depend on the row only"
-                )
-            prompts.append(renderer.prompts.render(group[0].messages, group[0].tools))
+    """Each row's prompt: the environment's opening, rendered (None: reset failed)."""
+    flat_rows = [row for row in rows for _ in range(group_size)]
+    openings = await envs.reset([i for group in ids for i in group], flat_rows)
+    prompts = []
+    for g in range(len(rows)):
+        group = openings[g * group_size : (g + 1) * group_size]
+        if any(isinstance(o, EnvFailure) for o in group):
+            record_metric("rollout/env_failures", 1, Reduce.SUM)
+            prompts.append(None)
+            continue
+        if any((o.messages, o.tools) != (group[0].messages, group[0].tools) for o in group):
+            raise ValueError(
+                "env.reset() opened the trajectories of one dataset row with different messages: "
+                "GRPO compares samples of one prompt, so reset must depend on the row only"
+            )
+        prompts.append(renderer.prompts.render(group[0].messages, group[0].tools))
     for row, prompt in zip(rows, prompts, strict=True):
         if prompt is not None and limits.max_tokens is not None and len(prompt.ids) >= limits.max_tokens:
             raise ValueError(

@@ -6,7 +6,8 @@ import numpy
 import pytest
 
 from forge.data.types import Completion, Episode
-from forge.observability.rollouts import (
+from forge.recipes.grpo_replay import load_replay_batches
+from forge.rollout.records import (
     RECORD_FIELDS,
     RolloutRecorder,
     batches_path,
@@ -15,7 +16,6 @@ from forge.observability.rollouts import (
     encode_floats,
     read_records,
 )
-from forge.recipes.grpo_replay import load_replay_batches
 
 
 def completion(prompt: str, text: str, version: int = 3) -> Completion:

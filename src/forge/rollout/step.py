@@ -8,7 +8,6 @@ model's is answered by all its ranks (`forge.actors.reference.reference_logprobs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -22,20 +21,21 @@ from forge.actors.reference import reference_logprobs
 from forge.controller.liveness import CallDeadline
 from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError
 from forge.data.types import Completion, Episode
-from forge.envs.rollout import TrajectoryLimits, run_groups
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
-from forge.observability.rollouts import RolloutRecorder
-from forge.rewards.scorer import RewardScorer
 from forge.rl.advantage import has_signal
+from forge.rollout.groups import EnvSessions, OneTurn, TrajectoryLimits, run_groups
+from forge.rollout.records import RolloutRecorder
+from forge.rollout.scores import score_trajectories
 
 
 @dataclass
 class Rollouts:
-    """How dataset rows become groups of trajectories (``forge.envs.rollout``): the generator
-    (actor or service), the chat template, and the environment actor (or service; None: one
-    turn per prompt). ``max_tokens`` bounds each model turn (``generator.sampling.max_tokens``);
-    each generate call must answer within ``deadline`` for the tokens it may sample."""
+    """How dataset rows become groups of trajectories (``forge.rollout.groups``): the generator
+    (actor or service), the chat template, and the environment actor (or service; None: the
+    built-in ``OneTurn``, one turn per prompt). ``max_tokens`` bounds each model turn
+    (``generator.sampling.max_tokens``); each generate call must answer within ``deadline`` for
+    the tokens it may sample."""
 
     generator: Any
     renderer: TurnRenderer
@@ -66,8 +66,7 @@ class Rollouts:
                 **sampling,
             )
 
-        # A rollout's trajectories stay on one environment replica: it holds their state.
-        async with self.envs.session() if self.envs is not None else contextlib.nullcontext():
+        async def run(envs: EnvSessions):
             return await run_groups(
                 rows,
                 sample_keys,
@@ -75,49 +74,27 @@ class Rollouts:
                 generate=generate,
                 renderer=self.renderer,
                 max_tokens=max_tokens or self.max_tokens,
-                envs=ActorEnvironments(self.envs) if self.envs is not None else None,
+                envs=envs,
                 limits=self.limits,
                 **sampling,
             )
 
-
-def score_inputs(group: list[Completion]) -> tuple[list[str], list[str]]:
-    """What reward functions score for each completion: (context, the model's last turn)."""
-    pairs = [c.final_answer for c in group]
-    return [context for context, _ in pairs], [answer for _, answer in pairs]
-
-
-def with_env_reward(completion: Completion, total: float, breakdown: dict[str, float]):
-    """A trajectory's reward: the reward functions' total plus its environment's step rewards."""
-    if completion.turns is None:
-        return total, breakdown
-    return total + completion.env_reward, {**breakdown, "env": completion.env_reward}
+        if self.envs is None:  # single turn: the built-in environment, in this process
+            return await run(OneTurn())
+        # A rollout's trajectories stay on one environment replica: it holds their state.
+        async with self.envs.session():
+            return await run(ActorEnvironments(self.envs))
 
 
 async def score_groups(
     rows: list[dict], groups: list[list[Completion]], reward, advantages, reward_models=None
 ) -> list[list[Episode]]:
-    """Rewards, then group-relative advantages, for the completions of each prompt: one call to
-    the reward actor and, at once, the rollout's calls to each reward model
-    (`forge.actors.reward_models.RewardModels`, weighed into the total), then one to advantages."""
-    # Reward functions take the prompt as a string: `Completion.prompt`, a string prompt as
-    # written, chat messages as the chat template rendered them; after several turns, the
-    # conversation before the model's last turn, which is the response they score.
-    inputs = [score_inputs(g) for g in groups]
-    prompts, answers = [p for p, _ in inputs], [a for _, a in inputs]
-    targets = [r["target"] for r in rows]
-    scores, model_scores = await asyncio.gather(
-        reward.evaluate_groups.route(prompts, answers, targets),
-        score_with_models(reward_models, prompts, answers, targets),
+    """Rewards (`forge.rollout.scores`: the reward actor's functions and server, the reward
+    models, the environment's), then group-relative advantages, for the completions of each
+    prompt: one call to the reward actor, the reward models' calls at once, one to advantages."""
+    scores = await score_trajectories(
+        groups, [r["target"] for r in rows], reward.evaluate_groups.route, reward_models
     )
-    models_total = reward_models.weighted_total if reward_models is not None else lambda values: 0.0
-    scores = [
-        [
-            (*with_env_reward(c, total + models_total(values), {**breakdown, **values}), notes)
-            for c, (total, breakdown), (values, notes) in zip(group, group_scores, group_models, strict=True)
-        ]
-        for group, group_scores, group_models in zip(groups, scores, model_scores, strict=True)
-    ]
     values = await advantages.compute_groups.route([[total for total, *_ in group] for group in scores])
     scored = []
     for row, group, group_scores, group_values in zip(rows, groups, scores, values, strict=True):
@@ -137,30 +114,6 @@ async def score_groups(
             ]
         )
     return scored
-
-
-async def score_with_models(
-    reward_models, prompts: list[list[str]], answers: list[list[str]], targets: list[str]
-) -> list[list[tuple[dict[str, float], dict[str, str]]]]:
-    """({model name: value}, {judge name: its answer}) of each response of each group, from the
-    reward models' calls for the whole rollout; empty dicts without reward models."""
-    sizes = [len(group) for group in answers]
-    if reward_models is None or not reward_models.models:
-        return [[({}, {}) for _ in range(size)] for size in sizes]
-    flat = await reward_models.score(
-        [p for group in prompts for p in group],
-        [a for group in answers for a in group],
-        [t for t, size in zip(targets, sizes, strict=True) for _ in range(size)],
-    )
-    per_response = [
-        (
-            {name: s.values[i] for name, s in flat.items()},
-            {name: s.notes[i] for name, s in flat.items() if s.notes is not None},
-        )
-        for i in range(sum(sizes))
-    ]
-    responses = iter(per_response)
-    return [[next(responses) for _ in range(size)] for size in sizes]
 
 
 def without_truncated(groups: list[list[Episode]]) -> list[list[Episode]]:
@@ -273,37 +226,3 @@ async def rollout_step(
     if recorder is not None:
         recorder.record_groups(kept)
     return [e.policy_version for e in episodes]
-
-
-@dataclass
-class EvalScores:
-    """The greedy eval: the share of rows answered with the full reward (1.0), and the mean
-    reward of the rows that got an answer (the one to watch with a shaped reward)."""
-
-    accuracy: float
-    reward_mean: float
-
-
-async def greedy_eval(
-    rollouts: Rollouts,
-    rows: list[dict],
-    scorer: RewardScorer,
-    max_tokens: int,
-    min_version: int = 0,
-    recorder: RolloutRecorder | None = None,
-) -> EvalScores:
-    """Each of `rows`' greedy trajectory, by a policy of at least `min_version`, scored by
-    `scorer` (on the model's last turn); the `recorder` gets every answer, as eval records. A
-    row whose environment failed counts as not solved and has no reward; one whose score failed
-    (counted by the scorer) has the scorer's error reward."""
-    if not rows:
-        return EvalScores(float("nan"), float("nan"))
-    groups = await rollouts.groups(rows, None, min_version, 1, max_tokens=max_tokens, temperature=0.0)
-    answered = [(g[0], r["target"]) for g, r in zip(groups, rows, strict=True) if g is not None]
-    items = [(*c.final_answer, target) for c, target in answered]
-    # In a thread: the scorer waits on its worker, at most about two timeout_s when calls hang.
-    scores = [total for total, _ in await asyncio.to_thread(scorer.score_many, items)]
-    if recorder is not None:
-        recorder.record_eval([c for c, _ in answered], [t for _, t in answered], scores)
-    mean = sum(scores) / len(scores) if scores else float("nan")
-    return EvalScores(sum(s == 1.0 for s in scores) / len(rows), mean)

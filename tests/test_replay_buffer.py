@@ -4,9 +4,9 @@ import pickle
 
 import pytest
 
-from forge.data.episode_buffer import EpisodeBuffer, ReplayBufferConfig
 from forge.data.types import Completion, Episode
 from forge.observability.collector import pop_state
+from forge.replay_buffer import EpisodeBuffer, ReplayBufferConfig
 from forge.rl.batch import PolicyBatch, response_rows
 
 

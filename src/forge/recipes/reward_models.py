@@ -1,0 +1,49 @@
+"""Reward models in this process, for the serial recipe: the clients (`forge.rewards.models.
+ModelClient`) of a classifier and of a judge, with the engines the app's actors wrap."""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+from forge.actors.generator import build_generation_engine
+from forge.actors.reward import RewardConfig, RewardModelConfig
+from forge.actors.reward_models import judge_generator_config
+from forge.data.chat_prompts import PromptRenderer
+from forge.engines.generation import to_completions
+from forge.engines.reward_classifier import ClassifierRewardEngine
+from forge.rewards.models import ModelClient, RewardModels
+
+
+class LocalClassifier:
+    def __init__(self, m: RewardModelConfig):
+        self.engine = ClassifierRewardEngine(m.path, m.batch_size, m.dtype)
+
+    async def classify(self, prompts: list[str], responses: list[str]) -> list[float]:
+        return self.engine.score(prompts, responses)
+
+
+class LocalJudge:
+    """Its questions are rendered with the judge's own tokenizer and chat template, as the app's
+    judge `Generator` renders them."""
+
+    def __init__(self, m: RewardModelConfig):
+        cfg = judge_generator_config(m)
+        self.sampling = cfg.sampling
+        self.tokenizer = AutoTokenizer.from_pretrained(m.path)
+        self.renderer = PromptRenderer(self.tokenizer, cfg.chat_template)
+        self.engine = build_generation_engine(cfg, self.tokenizer.eos_token_id, self.tokenizer)
+
+    async def answer(self, questions: list[str]) -> list[str]:
+        rendered = [self.renderer.render(q) for q in questions]
+        ids = [r.ids for r in rendered]
+        outputs = self.engine.generate(ids, self.sampling)
+        completions = to_completions([r.text for r in rendered], ids, outputs, self.tokenizer, 0)
+        return [samples[0].text for samples in completions]
+
+
+def local_reward_models(cfg: RewardConfig) -> RewardModels:
+    """`reward.models`, each loaded in this process."""
+    clients: list[ModelClient] = [
+        LocalClassifier(m) if m.kind == "classifier" else LocalJudge(m) for m in cfg.models
+    ]
+    return RewardModels(list(zip(cfg.models, clients, strict=True)), cfg.error_reward)

@@ -19,11 +19,11 @@ import statistics
 import time
 from pathlib import Path
 
-from apps.grpo.config import GRPOConfig
 from apps.grpo.main import ensure_warm_start
 from apps.grpo.main import main as run_app
 
 from forge.config import parse_args, save_config
+from forge.grpo.config import GRPOConfig
 from forge.recipes.grpo_serial import grpo_serial
 
 

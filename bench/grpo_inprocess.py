@@ -8,10 +8,10 @@ choosing a config's settings quickly. Prints held-out greedy accuracy and reward
 import logging
 import time
 
-from apps.grpo.config import GRPOConfig
 from apps.grpo.main import ensure_warm_start
 
 from forge.config import parse_args
+from forge.grpo.config import GRPOConfig
 from forge.recipes.grpo_serial import grpo_serial
 
 

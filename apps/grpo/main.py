@@ -19,7 +19,6 @@ from typing import NoReturn
 
 import torch
 
-from apps.grpo.config import GRPOConfig
 from forge import store
 from forge.actors.advantages import ComputeAdvantages
 from forge.actors.dataset import DatasetActor
@@ -37,6 +36,7 @@ from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP, GpuPlan
 from forge.controller.provisioner import visible_gpus
 from forge.data.chat_prompts import PromptRenderer
 from forge.envs.turns import TurnRenderer
+from forge.grpo.config import GRPOConfig
 from forge.observability import get_metric_logger
 from forge.observability.rollouts import RolloutRecorder, batches_path
 from forge.recipes.grpo_replay import replay_training
@@ -57,8 +57,8 @@ def ensure_warm_start(cfg: GRPOConfig) -> None:
     not retrain and re-export over the warm start that is there)."""
     if (Path(cfg.policy_path) / "config.json").exists() or cfg.warm_start.sft_config is None:
         return
-    from apps.sft.config import SFTConfig
     from forge.config import load_config
+    from forge.sft.config import SFTConfig
 
     sft = load_config(SFTConfig, cfg.warm_start.sft_config, cfg.warm_start.sft_overrides)
     if sft.export_dir is None or Path(sft.export_dir).resolve() != Path(cfg.policy_path).resolve():

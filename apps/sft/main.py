@@ -21,7 +21,6 @@ import datasets
 import torch
 import transformers
 
-from apps.sft.config import SFTConfig
 from forge.actors.trainer import TitanTrainer
 from forge.config import config_to_dict, parse_args, save_config
 from forge.controller import shutdown
@@ -44,6 +43,7 @@ from forge.runs.checkpoint import RunCheckpointer
 from forge.runs.checks import check_no_earlier_metrics
 from forge.runs.storage import check_writable_dir
 from forge.sft.batches import SFTDataLoader
+from forge.sft.config import SFTConfig
 from forge.sft.dataset import build_sft_loader
 
 

@@ -5,10 +5,10 @@ reference model's processes need (no process is started)."""
 import re
 
 import pytest
-from apps.grpo.config import GRPOConfig
 
 from forge.config import load_config, parse_args
 from forge.config.errors import ConfigError
+from forge.grpo.config import GRPOConfig
 
 
 def load(write_grpo_config, *overrides: str) -> GRPOConfig:

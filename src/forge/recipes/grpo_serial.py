@@ -9,7 +9,7 @@ Each step, top to bottom:
   2. one optimizer step of the policy on a batch drawn from the buffer;
   3. the sampling engine takes the new weights.
 
-It uses the app's configuration (apps.grpo.config.GRPOConfig) and the very pieces the actors
+It uses the run's configuration (forge.grpo.config.GRPOConfig) and the very pieces the actors
 wrap (the engines, the reward scorer, the advantage function, the buffer's logic, the
 seeded sampling), so with `replay_buffer.max_policy_age: 0` and one rollout loop the app
 produces the same episodes, losses and rewards step for step (tests/grpo/test_grpo_durable.py).
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from transformers import AutoTokenizer
@@ -36,6 +35,7 @@ from forge.engines.titan.logprobs import completion_logprobs
 from forge.envs.rollout import run_groups
 from forge.envs.sessions import LocalEnvironments
 from forge.envs.turns import TurnRenderer
+from forge.grpo.config import GRPOConfig
 from forge.observability import Reduce, record_metric
 from forge.observability.collector import pop_state
 from forge.rewards.functions import get_reward_fn
@@ -46,11 +46,10 @@ from forge.rl.losses import build_loss
 from forge.rollout import score_inputs, with_env_reward, without_truncated
 
 
-def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
-    """Trains for `cfg.max_steps` steps (cfg: the GRPO app's config, with one data-parallel
-    rank). Returns `{"metrics": one row per step, with the app's metric names and "step",
-    "eval_accuracy": [(step, accuracy), ...] from step 0}`; `on_step(step, row)` sees each
-    row as it is made. Runs torch on `cfg.actor_threads` threads, as each of the app's
+def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
+    """Trains for `cfg.max_steps` steps (with one data-parallel rank). Returns `{"metrics": one
+    row per step, with the app's metric names and "step", "eval_accuracy": [(step, accuracy),
+    ...] from step 0}`; `on_step(step, row)` sees each row as it is made. Runs torch on `cfg.actor_threads` threads, as each of the app's
     actors does."""
     if cfg.reward.models:
         raise ValueError(

@@ -1,4 +1,4 @@
-"""The GRPO app's configuration: one section per actor, validated at start-up."""
+"""The GRPO run's configuration: one section per actor, validated at start-up."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The SFT app's configuration: validated at start-up, before any process starts."""
+"""The SFT run's configuration: validated at start-up, before any process starts."""
 
 from __future__ import annotations
 

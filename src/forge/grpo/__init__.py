@@ -1,0 +1,1 @@
+"""The GRPO run as the library builds it: its configuration (``config``)."""

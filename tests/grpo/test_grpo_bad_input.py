@@ -45,9 +45,7 @@ def test_unknown_loss_name(write_grpo_config, capsys):
 
 
 def test_misspelled_loss_parameter(write_grpo_config, capsys):
-    err = run_expecting_exit(
-        capsys, ["--config", str(write_grpo_config()), "trainer.loss.params.clip_lo=0.1"]
-    )
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), "trainer.loss.clip_lo=0.1"])
     assert "clip_lo" in err
 
 
@@ -231,7 +229,7 @@ def refused_before_start(capsys, config, *overrides: str) -> str:
             "trainer.engine.optimizer.betas=[0.9,1.0]",
             "trainer.engine.optimizer.betas[1]: Input should be less than 1",
         ),
-        ("trainer.loss.params.beta=nan", "beta: Input should be a finite number"),
+        ("trainer.loss.beta=nan", "beta: Input should be a finite number"),
         ("reward.error_reward=-inf", "reward.error_reward: Input should be a finite number"),
         ("trainer.procs=0", "trainer.procs: Input should be greater than or equal to 1"),
         ("seed=-1", "seed: Input should be greater than or equal to 0"),

@@ -17,15 +17,12 @@ def load(write_grpo_config, *overrides: str) -> GRPOConfig:
 
 def test_fixed_horizon_defaults_to_the_generators_max_tokens(write_grpo_config):
     # The test config's GRPO loss aggregates with fixed_horizon (its default) and samples 4 tokens.
-    assert load(write_grpo_config).trainer.loss.params["horizon"] == 4
-    assert load(write_grpo_config, "generator.sampling.max_tokens=7").trainer.loss.params["horizon"] == 7
-    explicit = load(write_grpo_config, "trainer.loss.params.horizon=16")
-    assert explicit.trainer.loss.params["horizon"] == 16
-    assert (
-        "horizon"
-        not in load(write_grpo_config, "trainer.loss.params.agg_type=token_mean").trainer.loss.params
-    )
-    assert "horizon" not in load(write_grpo_config, "trainer.loss={name: dapo}").trainer.loss.params
+    assert load(write_grpo_config).trainer.loss.horizon == 4
+    assert load(write_grpo_config, "generator.sampling.max_tokens=7").trainer.loss.horizon == 7
+    explicit = load(write_grpo_config, "trainer.loss.horizon=16")
+    assert explicit.trainer.loss.horizon == 16
+    assert load(write_grpo_config, "trainer.loss.agg_type=token_mean").trainer.loss.horizon is None
+    assert load(write_grpo_config, "trainer.loss={name: dapo}").trainer.loss.horizon is None
 
 
 @pytest.mark.parametrize(
@@ -68,7 +65,7 @@ def test_the_reference_spans_the_trainers_hosts_and_a_placement_it_cannot_span_i
     trainer's placement, and a listed one must begin with trainer.hosts consecutive hosts."""
     from pydantic import ValidationError
 
-    trainer = {"engine": {"model": {"flavor": "tiny"}}, "hosts": 2, "loss": {"params": {"beta": 0.1}}}
+    trainer = {"engine": {"model": {"flavor": "tiny"}}, "hosts": 2, "loss": {"beta": 0.1}}
     hosts = [f"tcp://h{i}:1" for i in range(3)]
 
     def validate(placement: dict, beta: float = 0.1) -> GRPOConfig:
@@ -76,7 +73,7 @@ def test_the_reference_spans_the_trainers_hosts_and_a_placement_it_cannot_span_i
             {
                 "policy_path": "p",
                 "generator": {"model_path": "p"},
-                "trainer": {**trainer, "loss": {"params": {"beta": beta}}},
+                "trainer": {**trainer, "loss": {"beta": beta}},
                 "provisioner": {"hosts": hosts, "placement": placement},
             }
         )

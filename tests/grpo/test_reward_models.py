@@ -146,7 +146,7 @@ def test_a_grpo_run_weighs_in_a_classifier_and_a_judge_and_records_the_judges_an
             "max_steps=2",
             "eval.every=0",
             "dataset.toy_task.num_eval=0",
-            "trainer.loss.params.beta=0",
+            "trainer.loss.beta=0",
             f"metrics.tensorboard_dir={run_dir / 'tensorboard'}",
         ]
     )

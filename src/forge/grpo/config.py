@@ -8,7 +8,6 @@ from pydantic import Field, model_validator
 
 from forge.actors.generator import GeneratorConfig
 from forge.actors.reward import RewardConfig
-from forge.actors.trainer import LossConfig
 from forge.config import ForgeConfigModel
 from forge.controller import ProvisionerConfig
 from forge.data.episode_buffer import ReplayBufferConfig
@@ -17,6 +16,7 @@ from forge.engines.titan.config import TitanEngineConfig
 from forge.envs.config import EnvConfig
 from forge.observability import MetricsConfig
 from forge.rewards.functions import RewardFnName
+from forge.rl.losses import GRPOLossConfig, LossConfig
 from forge.runs.checkpoint import CheckpointConfig
 
 
@@ -36,7 +36,7 @@ class TrainerSection(ForgeConfigModel):
     # provisioner.placement.TitanTrainer).
     hosts: int = Field(1, ge=1)
     engine: TitanEngineConfig
-    loss: LossConfig = LossConfig()
+    loss: LossConfig = GRPOLossConfig()
     # Updates with a non-finite loss or gradient norm are skipped; this many in a row stop the run.
     max_skipped_updates: int = Field(5, ge=1)
     # Profile the trainer's processes (the PyTorch profiler) from the start of this step to the
@@ -57,7 +57,7 @@ class RolloutConfig(ForgeConfigModel):
 
 
 class ReferenceSection(ForgeConfigModel):
-    # auto: run the reference model only when the loss has a KL term (loss.params.beta > 0).
+    # auto: run the reference model only when the loss has a KL term (loss.beta > 0).
     enabled: Literal["auto", "on", "off"] = "auto"
 
 
@@ -138,10 +138,10 @@ class GRPOConfig(ForgeConfigModel):
         if self.generator.sampling.seed is None:
             # The run's seed reaches the sampling (each sample seeded by its prompt and index).
             self.generator.sampling.seed = self.seed
-        loss_temperature = self.trainer.loss.params.get("temperature", 1.0)
+        loss_temperature = getattr(self.trainer.loss, "temperature", 1.0)
         if loss_temperature != self.generator.sampling.temperature:
             raise ValueError(
-                f"trainer.loss.params.temperature ({loss_temperature}) must equal "
+                f"trainer.loss.temperature ({loss_temperature}) must equal "
                 f"generator.sampling.temperature ({self.generator.sampling.temperature}): the loss "
                 "recomputes the generator's logprobs and they must describe the same distribution"
             )
@@ -208,13 +208,12 @@ class GRPOConfig(ForgeConfigModel):
 
     def _default_horizon(self) -> None:
         """``fixed_horizon`` divides by the longest possible response, not by each batch's width."""
-        from forge.rl.losses import build_loss
-
-        loss = build_loss(self.trainer.loss.name, **self.trainer.loss.params)
-        if getattr(loss.config, "agg_type", None) == "fixed_horizon" and loss.config.horizon is None:
-            self.trainer.loss.params["horizon"] = (
+        loss = self.trainer.loss
+        if loss.agg_type == "fixed_horizon" and loss.horizon is None:
+            horizon = (
                 self.generator.sampling.max_tokens if self.env is None else self.trajectory_limits.max_tokens
             )
+            self.trainer.loss = loss.model_copy(update={"horizon": horizon})
 
     @property
     def dp_size(self) -> int:
@@ -236,5 +235,5 @@ class GRPOConfig(ForgeConfigModel):
     @property
     def use_reference(self) -> bool:
         if self.reference.enabled == "auto":
-            return float(self.trainer.loss.params.get("beta", 0.0)) > 0
+            return getattr(self.trainer.loss, "beta", 0.0) > 0
         return self.reference.enabled == "on"

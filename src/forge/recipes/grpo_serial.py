@@ -42,7 +42,7 @@ from forge.rewards.functions import get_reward_fn
 from forge.rewards.scorer import RewardScorer
 from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch
-from forge.rl.losses import build_loss
+from forge.rl.losses import loss_from_config
 from forge.rollout import score_inputs, with_env_reward, without_truncated
 
 
@@ -75,7 +75,7 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
     envs = LocalEnvironments(cfg.env.name, cfg.env.params) if cfg.env is not None else None
     drop_truncated = cfg.env is not None and cfg.env.on_truncation == "drop"
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
-    loss_fn = build_loss(cfg.trainer.loss.name, **cfg.trainer.loss.params)
+    loss_fn = loss_from_config(cfg.trainer.loss)
     # In this process, with no time limit: one process, one thing at a time (the app's reward
     # actor runs the functions in a worker process it can restart when one hangs).
     scorer = RewardScorer(

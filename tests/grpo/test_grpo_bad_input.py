@@ -58,7 +58,13 @@ def test_unknown_reward_function(write_grpo_config, capsys):
 
 def test_temperature_mismatch(write_grpo_config, capsys):
     err = run_expecting_exit(
-        capsys, ["--config", str(write_grpo_config()), "generator.sampling.temperature=0.7"]
+        capsys,
+        [
+            "--config",
+            str(write_grpo_config()),
+            "trainer.loss.temperature=1.0",
+            "generator.sampling.temperature=0.7",
+        ],
     )
     assert "must equal generator.sampling.temperature" in err
 

@@ -1,8 +1,10 @@
-"""What the GRPO config derives and refuses at start-up: the loss's fixed horizon, the
+"""What the GRPO config derives and refuses at start-up: the values it fills in from other
+settings (the loss's fixed horizon and temperature, the generator's model, the run's files), the
 trainer's data-parallel size, and the hosts and sequence length that the trainer's and the
 reference model's processes need (no process is started)."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,27 @@ from forge.grpo.config import GRPOConfig
 
 def load(write_grpo_config, *overrides: str) -> GRPOConfig:
     return parse_args(GRPOConfig, ["--config", str(write_grpo_config()), *overrides])
+
+
+def test_unset_values_follow_the_settings_they_copy():
+    config = Path(__file__).resolve().parents[2] / "configs" / "grpo" / "tiny_cpu.yaml"
+    cfg = load_config(GRPOConfig, config, ["generator.sampling.temperature=0.7", "output_dir=runs/x"])
+    assert cfg.generator.model_path == cfg.policy_path
+    assert cfg.trainer.loss.temperature == 0.7
+    assert (cfg.metrics.jsonl_path, cfg.metrics.rollouts_path) == (
+        "runs/x/metrics.jsonl",
+        "runs/x/rollouts.jsonl",
+    )
+    explicit = load_config(
+        GRPOConfig,
+        config,
+        ["generator.model_path=elsewhere", "metrics.jsonl_path=m.jsonl", "metrics.rollouts_path=null"],
+    )
+    assert (explicit.generator.model_path, explicit.metrics.jsonl_path, explicit.metrics.rollouts_path) == (
+        "elsewhere",
+        "m.jsonl",
+        None,
+    )
 
 
 def test_fixed_horizon_defaults_to_the_generators_max_tokens(write_grpo_config):

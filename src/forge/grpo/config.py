@@ -94,7 +94,7 @@ class GRPOConfig(ForgeConfigModel):
     dataset: PromptDataConfig = PromptDataConfig()
     # Multi-turn episodes with an environment (forge.envs); None: one turn per prompt.
     env: EnvConfig | None = None
-    generator: GeneratorConfig
+    generator: GeneratorConfig = GeneratorConfig()
     trainer: TrainerSection
     reference: ReferenceSection = ReferenceSection()
     reward: RewardConfig = RewardConfig()
@@ -110,12 +110,13 @@ class GRPOConfig(ForgeConfigModel):
     keep_weight_versions: int = Field(2, ge=1)
 
     @model_validator(mode="after")
-    def _consistent(self) -> GRPOConfig:
-        # `null` switches either file off.
-        if "jsonl_path" not in self.metrics.model_fields_set:
-            self.metrics.jsonl_path = f"{self.output_dir}/metrics.jsonl"
-        if "rollouts_path" not in self.metrics.model_fields_set:
-            self.metrics.rollouts_path = f"{self.output_dir}/rollouts.jsonl"
+    def _checked_then_resolved(self) -> GRPOConfig:
+        self._check()
+        self._resolve()
+        return self
+
+    def _check(self) -> None:
+        """Refuses settings that disagree with each other; changes nothing."""
         profiled = self.trainer.profile_step
         if profiled is not None and profiled >= self.max_steps:
             raise ValueError(
@@ -134,12 +135,11 @@ class GRPOConfig(ForgeConfigModel):
                 f"generator.chat_template ({generator_template}) differs from dataset.chat_template "
                 f"({self.dataset.chat_template}): set dataset.chat_template only, the generator takes it"
             )
-        self.generator.chat_template = self.dataset.chat_template
-        if self.generator.sampling.seed is None:
-            # The run's seed reaches the sampling (each sample seeded by its prompt and index).
-            self.generator.sampling.seed = self.seed
-        loss_temperature = getattr(self.trainer.loss, "temperature", 1.0)
-        if loss_temperature != self.generator.sampling.temperature:
+        loss_temperature = getattr(self.trainer.loss, "temperature", None)
+        if (
+            "temperature" in self.trainer.loss.model_fields_set
+            and loss_temperature != self.generator.sampling.temperature
+        ):
             raise ValueError(
                 f"trainer.loss.temperature ({loss_temperature}) must equal "
                 f"generator.sampling.temperature ({self.generator.sampling.temperature}): the loss "
@@ -170,8 +170,6 @@ class GRPOConfig(ForgeConfigModel):
                 f"({self.trainer.engine.training.seq_len}): the trainer could not read whole trajectories"
             )
         self._check_sleep_mode()
-        self._default_horizon()
-        return self
 
     def _check_sleep_mode(self) -> None:
         """vLLM sleeping through train steps only fits a serial pipeline on one shared GPU."""
@@ -206,14 +204,33 @@ class GRPOConfig(ForgeConfigModel):
                     f"consecutive host indices, the hosts its processes span: list them in order{follows}"
                 )
 
-    def _default_horizon(self) -> None:
-        """``fixed_horizon`` divides by the longest possible response, not by each batch's width."""
-        loss = self.trainer.loss
+    def _resolve(self) -> None:
+        """Sets, once, each setting left unset whose value follows from others (an explicit value
+        stays, and `_check` has refused one that disagrees): the one place that writes into a
+        section from another, so that a config file never needs to copy a value."""
+        # `null` switches either file off.
+        if "jsonl_path" not in self.metrics.model_fields_set:
+            self.metrics.jsonl_path = f"{self.output_dir}/metrics.jsonl"
+        if "rollouts_path" not in self.metrics.model_fields_set:
+            self.metrics.rollouts_path = f"{self.output_dir}/rollouts.jsonl"
+        if self.generator.model_path is None:
+            self.generator.model_path = self.policy_path
+        # The generator renders the dataset's prompts: one setting, dataset.chat_template.
+        self.generator.chat_template = self.dataset.chat_template
+        if self.generator.sampling.seed is None:
+            # The run's seed reaches the sampling (each sample seeded by its prompt and index).
+            self.generator.sampling.seed = self.seed
+        loss, derived = self.trainer.loss, {}
+        # The loss recomputes the generator's logprobs, at the generator's temperature.
+        if "temperature" in type(loss).model_fields and "temperature" not in loss.model_fields_set:
+            derived["temperature"] = self.generator.sampling.temperature
+        # fixed_horizon divides by the longest possible response, not by each batch's width.
         if loss.agg_type == "fixed_horizon" and loss.horizon is None:
-            horizon = (
+            derived["horizon"] = (
                 self.generator.sampling.max_tokens if self.env is None else self.trajectory_limits.max_tokens
             )
-            self.trainer.loss = loss.model_copy(update={"horizon": horizon})
+        if derived:
+            self.trainer.loss = loss.model_copy(update=derived)
 
     @property
     def dp_size(self) -> int:

@@ -1,5 +1,5 @@
 """GRPO's two loops over actor handles: continuous rollouts and continuous training, joined by
-the replay buffer. The app (apps/grpo/main.py) launches the actors and hands them here.
+the replay buffer. forge.grpo.run launches the actors (forge.grpo.launch) and hands them here.
 
     rollout loops (x rollout.threads)            training loop
     ---------------------------------            -------------

@@ -49,6 +49,13 @@ def test_misspelled_loss_parameter(write_grpo_config, capsys):
     assert "clip_lo" in err
 
 
+def test_a_loss_section_in_the_old_params_shape_says_what_to_write(write_grpo_config, capsys):
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "trainer.loss.params={beta: 0.1}"]
+    )
+    assert "trainer.loss" in err and "not under `params`" in err and "trainer.loss.beta=0.1" in err
+
+
 def test_unknown_reward_function(write_grpo_config, capsys):
     err = run_expecting_exit(
         capsys, ["--config", str(write_grpo_config()), "reward.functions=[{name: exact_matc}]"]
@@ -278,7 +285,7 @@ def test_a_new_model_with_more_rows_than_tokens_is_refused(
     write_grpo_config, tiny_policy, capsys, overrides, named
 ):
     # No hf_path: the trainer's model is built from its flavor, with random embedding rows.
-    err = refused_before_start(capsys, write_grpo_config(), "~trainer.engine.model.hf_path", *overrides)
+    err = refused_before_start(capsys, write_grpo_config(), "trainer.engine.model.hf_path=null", *overrides)
     tokens = len(embedded_tokenizer())
     assert f"{named} but the tokenizer at {tiny_policy} has {tokens} tokens" in err
     assert f"decode to nothing. Set trainer.engine.model.vocab_size={tokens}" in err

@@ -20,7 +20,7 @@ def load(write_grpo_config, *overrides: str) -> GRPOConfig:
 def test_unset_values_follow_the_settings_they_copy():
     config = Path(__file__).resolve().parents[2] / "configs" / "grpo" / "tiny_cpu.yaml"
     cfg = load_config(GRPOConfig, config, ["generator.sampling.temperature=0.7", "output_dir=runs/x"])
-    assert cfg.generator.model_path == cfg.policy_path
+    assert cfg.generator.model_path == cfg.trainer.engine.model.hf_path == cfg.policy_path
     assert cfg.trainer.loss.temperature == 0.7
     assert (cfg.metrics.jsonl_path, cfg.metrics.rollouts_path) == (
         "runs/x/metrics.jsonl",
@@ -29,13 +29,15 @@ def test_unset_values_follow_the_settings_they_copy():
     explicit = load_config(
         GRPOConfig,
         config,
-        ["generator.model_path=elsewhere", "metrics.jsonl_path=m.jsonl", "metrics.rollouts_path=null"],
+        [
+            "generator.model_path=elsewhere",
+            "trainer.engine.model.hf_path=null",
+            "metrics.jsonl_path=m.jsonl",
+            "metrics.rollouts_path=null",
+        ],
     )
-    assert (explicit.generator.model_path, explicit.metrics.jsonl_path, explicit.metrics.rollouts_path) == (
-        "elsewhere",
-        "m.jsonl",
-        None,
-    )
+    assert explicit.generator.model_path == "elsewhere" and explicit.trainer.engine.model.hf_path is None
+    assert (explicit.metrics.jsonl_path, explicit.metrics.rollouts_path) == ("m.jsonl", None)
 
 
 def test_fixed_horizon_defaults_to_the_generators_max_tokens(write_grpo_config):

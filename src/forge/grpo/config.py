@@ -215,6 +215,10 @@ class GRPOConfig(ForgeConfigModel):
             self.metrics.rollouts_path = f"{self.output_dir}/rollouts.jsonl"
         if self.generator.model_path is None:
             self.generator.model_path = self.policy_path
+        # The trainer (and the reference) start from the policy; an explicit null builds the
+        # model of trainer.engine.model's flavor, randomly initialised.
+        if "hf_path" not in self.trainer.engine.model.model_fields_set:
+            self.trainer.engine.model.hf_path = self.policy_path
         # The generator renders the dataset's prompts: one setting, dataset.chat_template.
         self.generator.chat_template = self.dataset.chat_template
         if self.generator.sampling.seed is None:

@@ -26,11 +26,15 @@ LOSSES: dict[str, type[Loss]] = {
 }
 
 
-def build_loss(name: str, **params: Any) -> Loss:
-    """The loss registered as ``name``, configured with ``params`` (unknown params raise)."""
+def _registered(name: str) -> type[Loss]:
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; known losses: {', '.join(LOSSES)}")
-    return LOSSES[name](**params)
+    return LOSSES[name]
+
+
+def build_loss(name: str, **params: Any) -> Loss:
+    """The loss registered as ``name``, configured with ``params`` (unknown params raise)."""
+    return _registered(name)(**params)
 
 
 def _known_loss(section: Any) -> Any:
@@ -38,8 +42,7 @@ def _known_loss(section: Any) -> Any:
     if not isinstance(section, Mapping):
         return section
     name = section.get("name", "grpo")
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; known losses: {', '.join(LOSSES)}")
+    _registered(name)
     return {**section, "name": name}
 
 

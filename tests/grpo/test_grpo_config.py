@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.config import load_config, parse_args
+from forge.config import load_config, parse_args, save_config
 from forge.config.errors import ConfigError
 from forge.grpo.config import GRPOConfig
 
@@ -38,6 +38,16 @@ def test_unset_values_follow_the_settings_they_copy():
     )
     assert explicit.generator.model_path == "elsewhere" and explicit.trainer.engine.model.hf_path is None
     assert (explicit.metrics.jsonl_path, explicit.metrics.rollouts_path) == ("m.jsonl", None)
+
+
+@pytest.mark.parametrize("name", ["tiny_cpu", "tool_cpu", "gpu_demo"])
+def test_a_saved_config_reads_back_as_the_same_config(name, tmp_path):
+    """A run's config.yaml spells every value, derived ones included (a replay or a later run
+    starts from it)."""
+    config = load_config(
+        GRPOConfig, Path(__file__).resolve().parents[2] / "configs" / "grpo" / f"{name}.yaml"
+    )
+    assert load_config(GRPOConfig, save_config(config, tmp_path / "config.yaml")) == config
 
 
 def test_fixed_horizon_defaults_to_the_generators_max_tokens(write_grpo_config):

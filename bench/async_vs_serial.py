@@ -19,11 +19,11 @@ import statistics
 import time
 from pathlib import Path
 
-from apps.grpo.config import GRPOConfig
-from apps.grpo.main import ensure_warm_start
 from apps.grpo.main import main as run_app
 
 from forge.config import parse_args, save_config
+from forge.grpo.config import GRPOConfig
+from forge.grpo.warm_start import ensure_warm_start
 from forge.recipes.grpo_serial import grpo_serial
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     cfg = parse_args(GRPOConfig, description=__doc__.splitlines()[0])
     # Accuracy at the end only (and at step 0), so that evals do not weigh on the timed steps.
     cfg.eval.every = cfg.max_steps
-    ensure_warm_start(cfg)
+    ensure_warm_start(cfg, print)
     load = os.getloadavg()
 
     started = time.perf_counter()

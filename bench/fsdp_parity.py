@@ -49,13 +49,13 @@ def main() -> None:
             [
                 f"trainer.procs={args.procs}",
                 "provisioner.colocate=true",
-                "trainer.loss.params.beta=0.05",
+                "trainer.loss.beta=0.05",
                 "metrics.rollouts_every=1",
                 *common,
             ],
         )
     }
-    replay = [f"rollout.replay_from={recorded / 'rollouts.jsonl'}", "trainer.loss.params.beta=0.05", *common]
+    replay = [f"rollout.replay_from={recorded / 'rollouts.jsonl'}", "trainer.loss.beta=0.05", *common]
     for procs in (1, args.procs):
         runs[f"replay, {procs} procs"] = app(
             args.config, args.out / f"replay_{procs}", [f"trainer.procs={procs}", *replay]

@@ -8,17 +8,16 @@ choosing a config's settings quickly. Prints held-out greedy accuracy and reward
 import logging
 import time
 
-from apps.grpo.config import GRPOConfig
-from apps.grpo.main import ensure_warm_start
-
 from forge.config import parse_args
+from forge.grpo.config import GRPOConfig
+from forge.grpo.warm_start import ensure_warm_start
 from forge.recipes.grpo_serial import grpo_serial
 
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     cfg = parse_args(GRPOConfig, description=__doc__.splitlines()[0])
-    ensure_warm_start(cfg)
+    ensure_warm_start(cfg, print)
     started = time.perf_counter()
     seconds = {}
     history = grpo_serial(

@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import yaml
-from apps.sft.config import SFTConfig
 from apps.sft.main import main
 from hf_checkpoints import make_checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -23,6 +22,7 @@ from forge.config import load_config
 from forge.data.tokenizer import embedded_tokenizer
 from forge.engines.titan.engine import TitanEngine
 from forge.runs.checkpoint import RunCheckpointer
+from forge.sft.config import SFTConfig
 
 pytestmark = pytest.mark.slow
 

@@ -119,7 +119,7 @@ def test_an_unreachable_worker_is_named_before_monarch_waits_on_it():
 
 
 def test_grpo_trainer_hosts_need_workers_and_count_in_the_dp_size():
-    from apps.grpo.config import GRPOConfig
+    from forge.grpo.config import GRPOConfig
 
     base = {"policy_path": "p", "generator": {"model_path": "p"}}
     trainer = {"engine": {"model": {"flavor": "tiny"}}, "hosts": 2}

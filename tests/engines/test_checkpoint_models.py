@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from apps.grpo.config import GRPOConfig
 from hf_checkpoints import CHECKPOINTS, GENERATION_DEFAULTS, make_checkpoint
 from titan_testing import lm_batch, masked_ce
 from transformers import AutoModelForCausalLM, GenerationConfig
@@ -18,6 +17,7 @@ from forge.engines.generation import SamplingParams
 from forge.engines.hf_generate import HFGenerateEngine
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
+from forge.grpo.config import GRPOConfig
 from forge.recipes.grpo_serial import grpo_serial
 
 NAMES = list(CHECKPOINTS)

@@ -64,7 +64,7 @@ def grpo_yaml(policy: Path, out: Path, vocab_size: int, flavor: str | None = "ti
         f"    model: {{{named}hf_path: '${{policy_path}}'}}",
         "    training: {seq_len: 64}",
         "    optimizer: {lr: 0.01}",
-        "  loss: {name: grpo, params: {beta: 0.05}}",
+        "  loss: {name: grpo, beta: 0.05}",
         "rollout: {threads: 2, prompts_per_step: 2, group_size: 4, skip_groups_without_signal: false}",
         "replay_buffer: {batch_size: 8, max_policy_age: 1}",
         "eval: {every: 1, num_prompts: 8, max_tokens: 4}",

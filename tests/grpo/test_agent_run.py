@@ -13,12 +13,12 @@ import re
 from pathlib import Path
 
 import pytest
-from apps.grpo.config import GRPOConfig
 from apps.grpo.main import main as grpo_main
 from apps.sft.main import main as sft_main
 
 from forge import inspect
 from forge.config import load_config
+from forge.grpo.config import GRPOConfig
 from forge.recipes.grpo_serial import grpo_serial
 from forge.rollout.records import decode_ids, read_records
 

@@ -1,9 +1,9 @@
 """What the config refuses about how vLLM takes new weights and sleeps (no process is started)."""
 
 import pytest
-from apps.grpo.config import GRPOConfig
 
 from forge.config import parse_args
+from forge.grpo.config import GRPOConfig
 
 
 def load(write_grpo_config, *overrides: str) -> GRPOConfig:

@@ -45,10 +45,15 @@ def test_unknown_loss_name(write_grpo_config, capsys):
 
 
 def test_misspelled_loss_parameter(write_grpo_config, capsys):
-    err = run_expecting_exit(
-        capsys, ["--config", str(write_grpo_config()), "trainer.loss.params.clip_lo=0.1"]
-    )
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), "trainer.loss.clip_lo=0.1"])
     assert "clip_lo" in err
+
+
+def test_a_loss_section_in_the_old_params_shape_says_what_to_write(write_grpo_config, capsys):
+    err = run_expecting_exit(
+        capsys, ["--config", str(write_grpo_config()), "trainer.loss.params={beta: 0.1}"]
+    )
+    assert "trainer.loss" in err and "not under `params`" in err and "trainer.loss.beta=0.1" in err
 
 
 def test_unknown_reward_function(write_grpo_config, capsys):
@@ -60,7 +65,13 @@ def test_unknown_reward_function(write_grpo_config, capsys):
 
 def test_temperature_mismatch(write_grpo_config, capsys):
     err = run_expecting_exit(
-        capsys, ["--config", str(write_grpo_config()), "generator.sampling.temperature=0.7"]
+        capsys,
+        [
+            "--config",
+            str(write_grpo_config()),
+            "trainer.loss.temperature=1.0",
+            "generator.sampling.temperature=0.7",
+        ],
     )
     assert "must equal generator.sampling.temperature" in err
 
@@ -231,7 +242,7 @@ def refused_before_start(capsys, config, *overrides: str) -> str:
             "trainer.engine.optimizer.betas=[0.9,1.0]",
             "trainer.engine.optimizer.betas[1]: Input should be less than 1",
         ),
-        ("trainer.loss.params.beta=nan", "beta: Input should be a finite number"),
+        ("trainer.loss.beta=nan", "beta: Input should be a finite number"),
         ("reward.error_reward=-inf", "reward.error_reward: Input should be a finite number"),
         ("trainer.procs=0", "trainer.procs: Input should be greater than or equal to 1"),
         ("seed=-1", "seed: Input should be greater than or equal to 0"),
@@ -274,7 +285,7 @@ def test_a_new_model_with_more_rows_than_tokens_is_refused(
     write_grpo_config, tiny_policy, capsys, overrides, named
 ):
     # No hf_path: the trainer's model is built from its flavor, with random embedding rows.
-    err = refused_before_start(capsys, write_grpo_config(), "~trainer.engine.model.hf_path", *overrides)
+    err = refused_before_start(capsys, write_grpo_config(), "trainer.engine.model.hf_path=null", *overrides)
     tokens = len(embedded_tokenizer())
     assert f"{named} but the tokenizer at {tiny_policy} has {tokens} tokens" in err
     assert f"decode to nothing. Set trainer.engine.model.vocab_size={tokens}" in err

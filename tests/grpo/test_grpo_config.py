@@ -1,31 +1,63 @@
-"""What the GRPO config derives and refuses at start-up: the loss's fixed horizon, the
+"""What the GRPO config derives and refuses at start-up: the values it fills in from other
+settings (the loss's fixed horizon and temperature, the generator's model, the run's files), the
 trainer's data-parallel size, and the hosts and sequence length that the trainer's and the
 reference model's processes need (no process is started)."""
 
 import re
+from pathlib import Path
 
 import pytest
-from apps.grpo.config import GRPOConfig
 
-from forge.config import load_config, parse_args
+from forge.config import load_config, parse_args, save_config
 from forge.config.errors import ConfigError
+from forge.grpo.config import GRPOConfig
 
 
 def load(write_grpo_config, *overrides: str) -> GRPOConfig:
     return parse_args(GRPOConfig, ["--config", str(write_grpo_config()), *overrides])
 
 
+def test_unset_values_follow_the_settings_they_copy():
+    config = Path(__file__).resolve().parents[2] / "configs" / "grpo" / "tiny_cpu.yaml"
+    cfg = load_config(GRPOConfig, config, ["generator.sampling.temperature=0.7", "output_dir=runs/x"])
+    assert cfg.generator.model_path == cfg.trainer.engine.model.hf_path == cfg.policy_path
+    assert cfg.trainer.loss.temperature == 0.7
+    assert (cfg.metrics.jsonl_path, cfg.metrics.rollouts_path) == (
+        "runs/x/metrics.jsonl",
+        "runs/x/rollouts.jsonl",
+    )
+    explicit = load_config(
+        GRPOConfig,
+        config,
+        [
+            "generator.model_path=elsewhere",
+            "trainer.engine.model.hf_path=null",
+            "metrics.jsonl_path=m.jsonl",
+            "metrics.rollouts_path=null",
+        ],
+    )
+    assert explicit.generator.model_path == "elsewhere" and explicit.trainer.engine.model.hf_path is None
+    assert (explicit.metrics.jsonl_path, explicit.metrics.rollouts_path) == ("m.jsonl", None)
+
+
+@pytest.mark.parametrize("name", ["tiny_cpu", "tool_cpu", "gpu_demo"])
+def test_a_saved_config_reads_back_as_the_same_config(name, tmp_path):
+    """A run's config.yaml spells every value, derived ones included (a replay or a later run
+    starts from it)."""
+    config = load_config(
+        GRPOConfig, Path(__file__).resolve().parents[2] / "configs" / "grpo" / f"{name}.yaml"
+    )
+    assert load_config(GRPOConfig, save_config(config, tmp_path / "config.yaml")) == config
+
+
 def test_fixed_horizon_defaults_to_the_generators_max_tokens(write_grpo_config):
     # The test config's GRPO loss aggregates with fixed_horizon (its default) and samples 4 tokens.
-    assert load(write_grpo_config).trainer.loss.params["horizon"] == 4
-    assert load(write_grpo_config, "generator.sampling.max_tokens=7").trainer.loss.params["horizon"] == 7
-    explicit = load(write_grpo_config, "trainer.loss.params.horizon=16")
-    assert explicit.trainer.loss.params["horizon"] == 16
-    assert (
-        "horizon"
-        not in load(write_grpo_config, "trainer.loss.params.agg_type=token_mean").trainer.loss.params
-    )
-    assert "horizon" not in load(write_grpo_config, "trainer.loss={name: dapo}").trainer.loss.params
+    assert load(write_grpo_config).trainer.loss.horizon == 4
+    assert load(write_grpo_config, "generator.sampling.max_tokens=7").trainer.loss.horizon == 7
+    explicit = load(write_grpo_config, "trainer.loss.horizon=16")
+    assert explicit.trainer.loss.horizon == 16
+    assert load(write_grpo_config, "trainer.loss.agg_type=token_mean").trainer.loss.horizon is None
+    assert load(write_grpo_config, "trainer.loss={name: dapo}").trainer.loss.horizon is None
 
 
 @pytest.mark.parametrize(
@@ -68,7 +100,7 @@ def test_the_reference_spans_the_trainers_hosts_and_a_placement_it_cannot_span_i
     trainer's placement, and a listed one must begin with trainer.hosts consecutive hosts."""
     from pydantic import ValidationError
 
-    trainer = {"engine": {"model": {"flavor": "tiny"}}, "hosts": 2, "loss": {"params": {"beta": 0.1}}}
+    trainer = {"engine": {"model": {"flavor": "tiny"}}, "hosts": 2, "loss": {"beta": 0.1}}
     hosts = [f"tcp://h{i}:1" for i in range(3)]
 
     def validate(placement: dict, beta: float = 0.1) -> GRPOConfig:
@@ -76,7 +108,7 @@ def test_the_reference_spans_the_trainers_hosts_and_a_placement_it_cannot_span_i
             {
                 "policy_path": "p",
                 "generator": {"model_path": "p"},
-                "trainer": {**trainer, "loss": {"params": {"beta": beta}}},
+                "trainer": {**trainer, "loss": {"beta": beta}},
                 "provisioner": {"hosts": hosts, "placement": placement},
             }
         )

@@ -18,7 +18,6 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from apps.grpo.config import GRPOConfig
 from apps.grpo.main import main
 from processes import children_left
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -26,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from forge.actors.generator import GeneratorConfig, build_generation_engine
 from forge.config import load_config
 from forge.engines.generation import SamplingParams
+from forge.grpo.config import GRPOConfig
 from forge.recipes.grpo_serial import grpo_serial
 from forge.rollout.records import batches_path, read_records
 from forge.runs.restarts import ACTOR_FAILED_EXIT

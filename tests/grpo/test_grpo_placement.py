@@ -3,11 +3,11 @@
 from pathlib import Path
 
 import pytest
-from apps.grpo.config import GRPOConfig
 from safetensors.torch import load_file
 
 from forge.config import load_config
 from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP, Machine, PlacementError, plan_gpus
+from forge.grpo.config import GRPOConfig
 from forge.runs.placement import grpo_gpu_plan, placement_request, policy_settings, trainer_state_gib
 
 

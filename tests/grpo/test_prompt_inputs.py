@@ -5,12 +5,12 @@ import json
 import shutil
 
 import pytest
-from apps.grpo.config import GRPOConfig
 from apps.grpo.main import main
 from startup_errors import startup_error
 
 from forge.config import ConfigError, load_config
 from forge.data.tokenizer import embedded_tokenizer
+from forge.grpo.config import GRPOConfig
 from forge.runs.checks import check_run_inputs
 
 MESSAGES = [{"role": "user", "content": "1+2="}]

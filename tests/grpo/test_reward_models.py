@@ -8,7 +8,6 @@ import os
 import signal
 
 import pytest
-from apps.grpo.config import GRPOConfig
 from apps.grpo.main import main
 from processes import children_left
 from reward_checkpoints import make_classifier
@@ -18,6 +17,7 @@ from forge.actors.reward_models import ClassifierRewardModel, ServiceModel, laun
 from forge.config import load_config
 from forge.controller import ProvisionerConfig, init_provisioner, shutdown
 from forge.engines.reward_classifier import ClassifierRewardEngine
+from forge.grpo.config import GRPOConfig
 from forge.recipes.grpo_serial import grpo_serial
 from forge.replay_buffer import ReplayBufferConfig
 from forge.rewards.judge import JudgeParse
@@ -154,7 +154,7 @@ def test_a_grpo_run_weighs_in_a_classifier_and_a_judge_and_records_the_judges_an
             "max_steps=2",
             "eval.every=0",
             "dataset.toy_task.num_eval=0",
-            "trainer.loss.params.beta=0",
+            "trainer.loss.beta=0",
             f"metrics.tensorboard_dir={run_dir / 'tensorboard'}",
         ]
     )

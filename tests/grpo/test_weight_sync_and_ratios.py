@@ -10,12 +10,13 @@ import torch
 
 from forge import store
 from forge.actors.generator import Generator, GeneratorConfig
-from forge.actors.trainer import LossConfig, TitanTrainer
+from forge.actors.trainer import TitanTrainer
 from forge.controller import shutdown
 from forge.data.tokenizer import embedded_tokenizer
 from forge.data.types import Episode
 from forge.engines.titan.config import TitanEngineConfig
 from forge.rl.batch import PolicyBatch
+from forge.rl.losses import GRPOLossConfig
 from forge.weight_sync import IpcTransport
 
 pytestmark = pytest.mark.slow
@@ -47,7 +48,7 @@ def test_parity_after_sync_and_off_policy_ratios(tiny_policy):
 
     async def main():
         await store.initialize()
-        trainer = await TitanTrainer.as_actor(engine, LossConfig(name="grpo"))
+        trainer = await TitanTrainer.as_actor(engine, GRPOLossConfig())
         generator = await Generator.as_actor(
             GeneratorConfig(model_path=str(tiny_policy), sampling={"max_tokens": 6, "seed": 0})
         )
@@ -108,7 +109,7 @@ def test_two_fsdp_ranks_publish_their_rows_and_two_replicas_get_the_whole_policy
     async def main():
         await store.initialize()
         trainer = await TitanTrainer.options(procs=2).as_actor(
-            engine, LossConfig(name="grpo"), weight_transport="shm", verify_weights=True
+            engine, GRPOLossConfig(), weight_transport="shm", verify_weights=True
         )
         generators = await Generator.options(num_replicas=2).as_service(generator_config)
         try:

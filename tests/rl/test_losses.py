@@ -585,6 +585,21 @@ def test_losses_are_built_from_a_mapping_a_config_or_a_name():
     assert set(LOSSES) == {"grpo", "dapo", "gspo", "cispo", "reinforce", "sft"}
 
 
+def test_a_config_loss_section_is_the_named_losss_own_config():
+    from pydantic import TypeAdapter
+
+    from forge.rl.losses import LossConfig, loss_from_config
+
+    sections = TypeAdapter(LossConfig)
+    for name, loss_class in LOSSES.items():
+        section = sections.validate_python({"name": name})
+        assert type(section) is loss_class.config_class
+        assert type(loss_from_config(section)) is loss_class
+    assert sections.validate_python({"beta": 0.1}) == GRPOLossConfig(beta=0.1)
+    with pytest.raises(ValueError, match="clip_lo"):
+        sections.validate_python({"name": "grpo", "clip_lo": 0.1})
+
+
 def test_build_loss_names_the_unknown_loss_and_the_known_ones():
     with pytest.raises(
         ValueError, match=r"unknown loss 'ppo'; known losses: grpo, dapo, gspo, cispo, reinforce, sft"

@@ -54,8 +54,9 @@ logger = logging.getLogger(__name__)
 
 
 class GeneratorConfig(ForgeConfigModel):
-    # A local Hugging Face directory (config.json, *.safetensors, tokenizer files).
-    model_path: str
+    # A local Hugging Face directory (config.json, *.safetensors, tokenizer files); the GRPO
+    # run's policy_path when unset.
+    model_path: str | None = None
     # The engine behind the `GenerationEngine` interface: `vllm`, or `hf` (native transformers).
     # `auto` takes vllm where CUDA is available (and vllm installed), hf otherwise: on CPU the
     # native engine is much faster for the tiny demo models.

@@ -9,35 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import torch
 from monarch.actor import current_rank, endpoint
-from pydantic import model_validator
 from torch.profiler import record_function
 
-from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.row_shards import gather_to_first_rank
 from forge.observability import Reduce, record_metric
 from forge.observability.step_profiler import StepProfiler
 from forge.rl.batch import PolicyBatch
+from forge.rl.losses import LossConfig, loss_from_config
 from forge.weight_sync import WeightPublisher, build_transport
-
-
-class LossConfig(ForgeConfigModel):
-    """`name` is a key of `forge.rl.losses.LOSSES`; `params` go to its config (typos fail)."""
-
-    name: str = "grpo"
-    params: dict[str, Any] = {}
-
-    @model_validator(mode="after")
-    def _build_once(self) -> LossConfig:
-        from forge.rl.losses import build_loss
-
-        build_loss(self.name, **self.params)  # fails at start-up, naming the bad name or key
-        return self
 
 
 class TitanTrainer(ForgeActor):
@@ -67,10 +51,9 @@ class TitanTrainer(ForgeActor):
     @endpoint
     async def setup(self) -> None:
         from forge.engines.titan.engine import TitanEngine
-        from forge.rl.losses import build_loss
 
         self.engine = TitanEngine(self.engine_config, trainable=True)
-        self.loss_fn = build_loss(self.loss_config.name, **self.loss_config.params)
+        self.loss_fn = loss_from_config(self.loss_config)
         self.rank = current_rank().rank
         self.publisher = WeightPublisher(
             self.keep_weight_versions, build_transport(self.weight_transport), verify=self.verify_weights

@@ -19,10 +19,12 @@ import torch
 
 from forge.actors.trainer import TitanTrainer
 from forge.data.types import Completion, Episode
+from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.shares import share_of
 from forge.observability import MetricsConfig, Reduce, get_metric_logger, record_metric
 from forge.observability.progress import Progress
 from forge.rl.batch import PolicyBatch
+from forge.rl.losses import LossConfig
 from forge.rollout.records import (
     batches_path,
     decode_floats,
@@ -100,8 +102,8 @@ def regroup(per_rank: list[list[Episode]], ranks: int) -> list[list[Episode]]:
 async def replay_training(
     rollouts_path: str | Path,
     *,
-    trainer_engine,
-    trainer_loss,
+    trainer_engine: TitanEngineConfig,
+    trainer_loss: LossConfig,
     trainer_procs: int,
     dp_size: int,
     pad_id: int,

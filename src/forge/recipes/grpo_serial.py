@@ -9,7 +9,7 @@ Each step, top to bottom:
   2. one optimizer step of the policy on a batch drawn from the buffer;
   3. the sampling engine takes the new weights.
 
-It uses the app's configuration (apps.grpo.config.GRPOConfig) and the very pieces the actors
+It uses the run's configuration (forge.grpo.config.GRPOConfig) and the very pieces the actors
 wrap (the engines, the reward scorer, the advantage function, the buffer's logic, the
 seeded sampling), so with `replay_buffer.max_policy_age: 0` and one rollout loop the app
 produces the same episodes, losses and rewards step for step (tests/grpo/test_grpo_durable.py).
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from transformers import AutoTokenizer
@@ -34,6 +33,7 @@ from forge.engines.titan.engine import TitanEngine
 from forge.engines.titan.logprobs import completion_logprobs
 from forge.envs.sessions import LocalEnvironments
 from forge.envs.turns import TurnRenderer
+from forge.grpo.config import GRPOConfig
 from forge.observability import Reduce, record_metric
 from forge.observability.collector import pop_state
 from forge.recipes.reward_models import local_reward_models
@@ -41,18 +41,17 @@ from forge.replay_buffer import EpisodeBuffer
 from forge.rewards.scorer import RewardScorer
 from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch
-from forge.rl.losses import build_loss
+from forge.rl.losses import loss_from_config
 from forge.rollout.eval import score_answers
 from forge.rollout.groups import OneTurn, run_groups
 from forge.rollout.scores import score_trajectories
 from forge.rollout.step import without_truncated
 
 
-def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
-    """Trains for `cfg.max_steps` steps (cfg: the GRPO app's config, with one data-parallel
-    rank). Returns `{"metrics": one row per step, with the app's metric names and "step",
-    "eval_accuracy": [(step, accuracy), ...] from step 0}`; `on_step(step, row)` sees each
-    row as it is made. Runs torch on `cfg.actor_threads` threads, as each of the app's
+def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None] | None = None) -> dict:
+    """Trains for `cfg.max_steps` steps (with one data-parallel rank). Returns `{"metrics": one
+    row per step, with the app's metric names and "step", "eval_accuracy": [(step, accuracy),
+    ...] from step 0}`; `on_step(step, row)` sees each row as it is made. Runs torch on `cfg.actor_threads` threads, as each of the app's
     actors does."""
     if cfg.actor_threads is not None:
         torch.set_num_threads(cfg.actor_threads)
@@ -73,7 +72,7 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     envs = LocalEnvironments(cfg.env.name, cfg.env.params) if cfg.env is not None else OneTurn()
     drop_truncated = cfg.env is not None and cfg.env.on_truncation == "drop"
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
-    loss_fn = build_loss(cfg.trainer.loss.name, **cfg.trainer.loss.params)
+    loss_fn = loss_from_config(cfg.trainer.loss)
     # In this process, with no time limit: one process, one thing at a time (the app's reward
     # actor runs the functions in a worker process it can restart when one hangs).
     scorer = RewardScorer(

@@ -10,11 +10,12 @@ from pathlib import Path
 
 from forge.data.prompts import Row, load_prompt_rows
 from forge.engines.generation import check_model_dir
+from forge.grpo.config import GRPOConfig
 from forge.runs.storage import check_writable_dir
 
 
-def check_run_inputs(cfg) -> None:
-    """Every check of a GRPO config's inputs (`apps.grpo.config.GRPOConfig`), before any process
+def check_run_inputs(cfg: GRPOConfig) -> None:
+    """Every check of a GRPO config's inputs, before any process
     starts, on what would otherwise fail deep inside an actor."""
     from transformers import AutoTokenizer
 
@@ -63,7 +64,7 @@ def check_reward_models(models) -> None:
             )
 
 
-def check_output_dirs(cfg) -> None:
+def check_output_dirs(cfg: GRPOConfig) -> None:
     """output_dir and the folders of the metric files must be writable (forge.runs.storage)."""
     metrics = cfg.metrics
     folders = {"output_dir": Path(cfg.output_dir)}
@@ -76,7 +77,7 @@ def check_output_dirs(cfg) -> None:
         check_writable_dir(folder, key)
 
 
-def check_outputs_spare_inputs(cfg) -> None:
+def check_outputs_spare_inputs(cfg: GRPOConfig) -> None:
     """The run's export (output_dir/export) must not replace the model or tokenizer it starts
     from: refused when either directory holds the other."""
     export = (Path(cfg.output_dir) / "export").resolve()
@@ -89,7 +90,7 @@ def check_outputs_spare_inputs(cfg) -> None:
             )
 
 
-def check_policy_model(cfg, tokenizer_size: int) -> None:
+def check_policy_model(cfg: GRPOConfig, tokenizer_size: int) -> None:
     """The trainer's model section against its checkpoint and the generator's tokenizer (of
     ``tokenizer_size`` tokens), and the generator's model against the trainer's: one policy,
     described alike by both."""

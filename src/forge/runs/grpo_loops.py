@@ -1,5 +1,5 @@
 """GRPO's two loops over actor handles: continuous rollouts and continuous training, joined by
-the replay buffer. The app (apps/grpo/main.py) launches the actors and hands them here.
+the replay buffer. forge.grpo.run launches the actors (forge.grpo.launch) and hands them here.
 
     rollout loops (x rollout.threads)            training loop
     ---------------------------------            -------------
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge.grpo.config import GRPOConfig
 from forge.observability import Reduce, record_metric
 from forge.observability.progress import Progress as ProgressDisplay
 from forge.rollout.eval import greedy_eval
@@ -74,11 +75,11 @@ def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, s
 
 
 class GRPOLoops:
-    """The loops of one run (cfg: the app's GRPOConfig); `run` returns the run's history."""
+    """The loops of one run; `run` returns the run's history."""
 
     def __init__(
         self,
-        cfg,
+        cfg: GRPOConfig,
         actors: GRPOActors,
         eval_rows: list[dict],
         eval_scorer,

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from forge.controller.gpu_plan import GpuPlan, Machine, PlacementRequest, plan_gpus
+from forge.grpo.config import GRPOConfig
 
 
 def policy_settings(model_cfg) -> dict[str, Any]:
@@ -20,7 +21,7 @@ def policy_settings(model_cfg) -> dict[str, Any]:
     return model_settings(resolve_model_args(model_cfg.name, model_cfg.flavor, model_cfg.vocab_size))
 
 
-def trainer_state_gib(cfg, settings: dict[str, Any]) -> float:
+def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
     """Per trainer GPU: the policy's weights, gradients and two AdamW moments in the training
     dtype, and the reference model's weights when there is one, over the FSDP shards. A floor:
     activations come on top."""
@@ -34,7 +35,7 @@ def trainer_state_gib(cfg, settings: dict[str, Any]) -> float:
     return parameter_count(settings) * itemsize * copies / shards / 2**30
 
 
-def placement_request(cfg, settings: dict[str, Any]) -> PlacementRequest:
+def placement_request(cfg: GRPOConfig, settings: dict[str, Any]) -> PlacementRequest:
     vllm = cfg.generator.engine != "hf"
     own = {m.name: m.replicas for m in cfg.reward.models if m.gpu == "own"}
     return PlacementRequest(
@@ -49,7 +50,7 @@ def placement_request(cfg, settings: dict[str, Any]) -> PlacementRequest:
     )
 
 
-def grpo_gpu_plan(cfg, visible: list[str]) -> GpuPlan | None:
+def grpo_gpu_plan(cfg: GRPOConfig, visible: list[str]) -> GpuPlan | None:
     """The plan for a GRPO run on the `visible` GPUs of this host; None without GPUs, or with
     worker hosts (`provisioner.hosts`), where GPUs are handed out per host as meshes start."""
     if not visible or cfg.provisioner.hosts:

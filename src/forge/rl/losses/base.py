@@ -40,9 +40,23 @@ MetricReduce = Literal["sum", "max"]
 
 class BaseLossConfig(BaseModel):
     """Parameters of a loss. Unknown keys fail at construction, so a typo never goes unnoticed,
-    and so does NaN or infinity in a coefficient."""
+    and so does NaN or infinity in a coefficient. Each loss's config has a ``name`` (its key in
+    ``forge.rl.losses.LOSSES``), so that a config file's loss section is this config."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: str  # each loss's config narrows it to its own name, with that as the default
+
+    @model_validator(mode="before")
+    @classmethod
+    def _settings_beside_name(cls, data: Any) -> Any:
+        # The loss section once held its settings in a `params` mapping.
+        if isinstance(data, Mapping) and "params" in data:
+            raise ValueError(
+                "a loss takes its settings directly, beside `name`, not under `params`: write "
+                "`loss: {name: grpo, beta: 0.1}` (override: trainer.loss.beta=0.1)"
+            )
+        return data
 
 
 class AggregatedLossConfig(BaseLossConfig):
@@ -100,7 +114,7 @@ class Loss(ABC):
         return cls(**params)
 
     def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v!r}" for k, v in self.config.model_dump().items())
+        params = ", ".join(f"{k}={v!r}" for k, v in self.config.model_dump(exclude={"name"}).items())
         return f"{type(self).__name__}({params})"
 
     def __call__(self, logits: Tensor, batch: PolicyBatch) -> LossOutput:

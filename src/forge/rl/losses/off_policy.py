@@ -63,8 +63,11 @@ class OffPolicyConfig(BaseLossConfig):
 
     @model_validator(mode="after")
     def _params_match_the_correction(self) -> Self:
+        # By value, not by which keys were given: a config written out in full (every default
+        # spelled) reads back as the same config.
+        fields = type(self).model_fields
         for correction, names in _PARAMS_OF.items():
-            stray = sorted(names & self.model_fields_set)
+            stray = sorted(name for name in names if getattr(self, name) != fields[name].default)
             if stray and self.off_policy != correction:
                 raise ValueError(f"{', '.join(stray)} only applies to off_policy='{correction}'")
         if self.icepop_low >= self.icepop_high:

@@ -1,7 +1,7 @@
 """PPO-clip family: GRPO, DAPO and GSPO differ in the ratio they clip, the clip range, the KL
 term and the aggregation, and share everything else."""
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -48,6 +48,7 @@ class ClippedSurrogateLoss(PolicyLoss):
 
 
 class GRPOLossConfig(ClippedSurrogateConfig):
+    name: Literal["grpo"] = "grpo"
     beta: float = Field(0.0, ge=0.0, description="weight of the KL penalty to the reference policy")
     kl_estimator: KLEstimator = "k3"
     agg_type: AggMode = "fixed_horizon"
@@ -92,6 +93,7 @@ class GRPOLoss(ClippedSurrogateLoss):
 
 
 class DAPOLossConfig(ClippedSurrogateConfig):
+    name: Literal["dapo"] = "dapo"
     clip_high: float = Field(0.28, ge=0.0, description="the ratio is clipped above at 1 + clip_high")
     agg_type: AggMode = "token_mean"
 
@@ -116,6 +118,7 @@ class DAPOLoss(ClippedSurrogateLoss):
 
 
 class GSPOLossConfig(ClippedSurrogateConfig):
+    name: Literal["gspo"] = "gspo"
     clip_low: float = Field(3e-4, ge=0.0, lt=1.0, description="the ratio is clipped below at 1 - clip_low")
     clip_high: float = Field(4e-4, ge=0.0, description="the ratio is clipped above at 1 + clip_high")
     agg_type: AggMode = "sequence_mean"

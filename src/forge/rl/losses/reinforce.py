@@ -1,6 +1,8 @@
 """REINFORCE with an optional truncated importance weight, and CISPO, which is the same estimator
 with the weight truncated at ``1 + clip_high``."""
 
+from typing import Literal
+
 from pydantic import Field, PositiveFloat
 from torch import Tensor
 
@@ -10,6 +12,7 @@ from forge.rl.ops import AggMode, compute_ratio
 
 
 class ReinforceLossConfig(PolicyLossConfig):
+    name: Literal["reinforce"] = "reinforce"
     tis_cap: PositiveFloat | None = Field(None, description="truncate the importance weight at this value")
 
 
@@ -41,6 +44,7 @@ class ReinforceLoss(PolicyLoss):
 
 
 class CISPOLossConfig(PolicyLossConfig):
+    name: Literal["cispo"] = "cispo"
     clip_high: float = Field(0.28, ge=0.0, description="the IS weight is truncated at 1 + clip_high")
     agg_type: AggMode = "token_mean"
 

@@ -1,5 +1,7 @@
 """Supervised fine-tuning: masked cross-entropy on the target tokens."""
 
+from typing import Literal
+
 import torch
 
 from forge.rl.batch import PolicyBatch
@@ -9,7 +11,7 @@ from forge.rl.token_scores import TokenScores
 
 
 class SFTLossConfig(AggregatedLossConfig):
-    pass
+    name: Literal["sft"] = "sft"
 
 
 class SFTLoss(Loss):

@@ -1,4 +1,4 @@
-"""The GRPO app's configuration: one section per actor, validated at start-up."""
+"""The GRPO run's configuration: one section per actor, validated at start-up."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pydantic import Field, model_validator
 
 from forge.actors.generator import GeneratorConfig
 from forge.actors.reward import RewardConfig
-from forge.actors.trainer import LossConfig
 from forge.config import ForgeConfigModel
 from forge.controller import ProvisionerConfig
 from forge.data.prompts import PromptDataConfig
@@ -17,6 +16,7 @@ from forge.envs.config import EnvConfig
 from forge.observability import MetricsConfig
 from forge.replay_buffer import ReplayBufferConfig
 from forge.rewards.functions import RewardFnName
+from forge.rl.losses import GRPOLossConfig, LossConfig
 from forge.runs.checkpoint import CheckpointConfig
 
 
@@ -36,7 +36,7 @@ class TrainerSection(ForgeConfigModel):
     # provisioner.placement.TitanTrainer).
     hosts: int = Field(1, ge=1)
     engine: TitanEngineConfig
-    loss: LossConfig = LossConfig()
+    loss: LossConfig = GRPOLossConfig()
     # Updates with a non-finite loss or gradient norm are skipped; this many in a row stop the run.
     max_skipped_updates: int = Field(5, ge=1)
     # Profile the trainer's processes (the PyTorch profiler) from the start of this step to the
@@ -57,7 +57,7 @@ class RolloutConfig(ForgeConfigModel):
 
 
 class ReferenceSection(ForgeConfigModel):
-    # auto: run the reference model only when the loss has a KL term (loss.params.beta > 0).
+    # auto: run the reference model only when the loss has a KL term (loss.beta > 0).
     enabled: Literal["auto", "on", "off"] = "auto"
 
 
@@ -94,7 +94,7 @@ class GRPOConfig(ForgeConfigModel):
     dataset: PromptDataConfig = PromptDataConfig()
     # Multi-turn episodes with an environment (forge.envs); None: one turn per prompt.
     env: EnvConfig | None = None
-    generator: GeneratorConfig
+    generator: GeneratorConfig = GeneratorConfig()
     trainer: TrainerSection
     reference: ReferenceSection = ReferenceSection()
     reward: RewardConfig = RewardConfig()
@@ -110,12 +110,13 @@ class GRPOConfig(ForgeConfigModel):
     keep_weight_versions: int = Field(2, ge=1)
 
     @model_validator(mode="after")
-    def _consistent(self) -> GRPOConfig:
-        # `null` switches either file off.
-        if "jsonl_path" not in self.metrics.model_fields_set:
-            self.metrics.jsonl_path = f"{self.output_dir}/metrics.jsonl"
-        if "rollouts_path" not in self.metrics.model_fields_set:
-            self.metrics.rollouts_path = f"{self.output_dir}/rollouts.jsonl"
+    def _checked_then_resolved(self) -> GRPOConfig:
+        self._check()
+        self._resolve()
+        return self
+
+    def _check(self) -> None:
+        """Refuses settings that disagree with each other; changes nothing."""
         profiled = self.trainer.profile_step
         if profiled is not None and profiled >= self.max_steps:
             raise ValueError(
@@ -134,14 +135,13 @@ class GRPOConfig(ForgeConfigModel):
                 f"generator.chat_template ({generator_template}) differs from dataset.chat_template "
                 f"({self.dataset.chat_template}): set dataset.chat_template only, the generator takes it"
             )
-        self.generator.chat_template = self.dataset.chat_template
-        if self.generator.sampling.seed is None:
-            # The run's seed reaches the sampling (each sample seeded by its prompt and index).
-            self.generator.sampling.seed = self.seed
-        loss_temperature = self.trainer.loss.params.get("temperature", 1.0)
-        if loss_temperature != self.generator.sampling.temperature:
+        loss_temperature = getattr(self.trainer.loss, "temperature", None)
+        if (
+            "temperature" in self.trainer.loss.model_fields_set
+            and loss_temperature != self.generator.sampling.temperature
+        ):
             raise ValueError(
-                f"trainer.loss.params.temperature ({loss_temperature}) must equal "
+                f"trainer.loss.temperature ({loss_temperature}) must equal "
                 f"generator.sampling.temperature ({self.generator.sampling.temperature}): the loss "
                 "recomputes the generator's logprobs and they must describe the same distribution"
             )
@@ -170,8 +170,6 @@ class GRPOConfig(ForgeConfigModel):
                 f"({self.trainer.engine.training.seq_len}): the trainer could not read whole trajectories"
             )
         self._check_sleep_mode()
-        self._default_horizon()
-        return self
 
     def _check_sleep_mode(self) -> None:
         """vLLM sleeping through train steps only fits a serial pipeline on one shared GPU."""
@@ -206,15 +204,37 @@ class GRPOConfig(ForgeConfigModel):
                     f"consecutive host indices, the hosts its processes span: list them in order{follows}"
                 )
 
-    def _default_horizon(self) -> None:
-        """``fixed_horizon`` divides by the longest possible response, not by each batch's width."""
-        from forge.rl.losses import build_loss
-
-        loss = build_loss(self.trainer.loss.name, **self.trainer.loss.params)
-        if getattr(loss.config, "agg_type", None) == "fixed_horizon" and loss.config.horizon is None:
-            self.trainer.loss.params["horizon"] = (
+    def _resolve(self) -> None:
+        """Sets, once, each setting left unset whose value follows from others (an explicit value
+        stays, and `_check` has refused one that disagrees): the one place that writes into a
+        section from another, so that a config file never needs to copy a value."""
+        # `null` switches either file off.
+        if "jsonl_path" not in self.metrics.model_fields_set:
+            self.metrics.jsonl_path = f"{self.output_dir}/metrics.jsonl"
+        if "rollouts_path" not in self.metrics.model_fields_set:
+            self.metrics.rollouts_path = f"{self.output_dir}/rollouts.jsonl"
+        if self.generator.model_path is None:
+            self.generator.model_path = self.policy_path
+        # The trainer (and the reference) start from the policy; an explicit null builds the
+        # model of trainer.engine.model's flavor, randomly initialised.
+        if "hf_path" not in self.trainer.engine.model.model_fields_set:
+            self.trainer.engine.model.hf_path = self.policy_path
+        # The generator renders the dataset's prompts: one setting, dataset.chat_template.
+        self.generator.chat_template = self.dataset.chat_template
+        if self.generator.sampling.seed is None:
+            # The run's seed reaches the sampling (each sample seeded by its prompt and index).
+            self.generator.sampling.seed = self.seed
+        loss, derived = self.trainer.loss, {}
+        # The loss recomputes the generator's logprobs, at the generator's temperature.
+        if "temperature" in type(loss).model_fields and "temperature" not in loss.model_fields_set:
+            derived["temperature"] = self.generator.sampling.temperature
+        # fixed_horizon divides by the longest possible response, not by each batch's width.
+        if loss.agg_type == "fixed_horizon" and loss.horizon is None:
+            derived["horizon"] = (
                 self.generator.sampling.max_tokens if self.env is None else self.trajectory_limits.max_tokens
             )
+        if derived:
+            self.trainer.loss = loss.model_copy(update=derived)
 
     @property
     def dp_size(self) -> int:
@@ -236,5 +256,5 @@ class GRPOConfig(ForgeConfigModel):
     @property
     def use_reference(self) -> bool:
         if self.reference.enabled == "auto":
-            return float(self.trainer.loss.params.get("beta", 0.0)) > 0
+            return getattr(self.trainer.loss, "beta", 0.0) > 0
         return self.reference.enabled == "on"

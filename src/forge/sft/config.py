@@ -1,4 +1,4 @@
-"""The SFT app's configuration: validated at start-up, before any process starts."""
+"""The SFT run's configuration: validated at start-up, before any process starts."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from forge.actors.trainer import LossConfig
 from forge.config import ForgeConfigModel
 from forge.engines.titan.config import TitanEngineConfig
 from forge.observability import MetricsConfig
 from forge.recipes.sft import SFTRecipeDataConfig
 from forge.rewards.functions import RewardFnName
+from forge.rl.losses import SFTLossConfig
 from forge.runs.checkpoint import CheckpointConfig
 
 
@@ -21,7 +21,7 @@ class TrainerSection(ForgeConfigModel):
         None, ge=1, description="torch threads per trainer process; default: the CPU cores / procs"
     )
     engine: TitanEngineConfig = TitanEngineConfig()
-    loss: LossConfig = LossConfig(name="sft")
+    loss: SFTLossConfig = SFTLossConfig()
 
 
 class GenerationEvalConfig(ForgeConfigModel):
@@ -67,10 +67,6 @@ class SFTConfig(ForgeConfigModel):
             raise ValueError(
                 "metrics.jsonl_path and metrics.rollouts_path are not SFT settings: the metrics "
                 "always go to run_dir/metrics.jsonl, and SFT generates no rollouts"
-            )
-        if self.trainer.loss.name != "sft":
-            raise ValueError(
-                f"trainer.loss.name must be 'sft' in the SFT app, got {self.trainer.loss.name!r}"
             )
         if self.data.embedded_task is not None and self.tokenizer_path is not None:
             raise ValueError("data.embedded_task brings its own tokenizer: leave tokenizer_path unset")

@@ -1,0 +1,143 @@
+"""The actors of a GRPO run, one launch per config section, started together.
+
+Each launch returns the section's handle (None where the config has no such actor); the model
+actors get their own GPUs where the machine has any (`forge.controller.gpu_plan`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import torch
+
+from forge.actors.advantages import ComputeAdvantages
+from forge.actors.dataset import DatasetActor
+from forge.actors.environment import EnvironmentActor
+from forge.actors.generator import Generator
+from forge.actors.reference import ReferenceModel
+from forge.actors.replay_buffer import ReplayBuffer
+from forge.actors.reward import RewardActor
+from forge.actors.reward_models import launch_reward_models
+from forge.actors.trainer import TitanTrainer
+from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP
+from forge.data.chat_prompts import PromptRenderer
+from forge.envs.turns import TurnRenderer
+from forge.grpo.config import GRPOConfig
+from forge.rewards.scorer import RewardScorer
+from forge.rollout.records import RolloutRecorder, batches_path
+from forge.rollout.step import Rollouts
+from forge.runs.grpo_loops import GRPOActors
+from forge.weight_sync import resolve_transport
+
+
+def pad_id(cfg: GRPOConfig) -> int:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
+
+
+def turn_renderer(cfg: GRPOConfig) -> TurnRenderer:
+    """The chat template of the generator's tokenizer, for opening prompts and environment turns."""
+    from transformers import AutoTokenizer
+
+    prompts = PromptRenderer(
+        AutoTokenizer.from_pretrained(cfg.generator.model_path), cfg.dataset.chat_template
+    )
+    return TurnRenderer(prompts, cfg.generator.sampling.stop_token_ids)
+
+
+async def launch_generator(cfg: GRPOConfig, gpus: bool, transport: str) -> Any:
+    generators = Generator.options(
+        with_gpus=gpus, num_replicas=cfg.generator.replicas, gpu_group=GENERATOR_GROUP
+    )
+    generator_cfg = cfg.generator.model_copy(update={"weight_transport": transport})
+    if cfg.generator.replicas > 1:
+        return await generators.as_service(generator_cfg, probe=cfg.generator.probe)
+    return await generators.as_actor(generator_cfg)
+
+
+async def launch_environments(cfg: GRPOConfig) -> Any | None:
+    if cfg.env is None:
+        return None
+    env_actors = EnvironmentActor.options(num_replicas=cfg.env.replicas)
+    launch = env_actors.as_service if cfg.env.replicas > 1 else env_actors.as_actor
+    return await launch(cfg.env.name, cfg.env.params)
+
+
+async def launch_trainer(cfg: GRPOConfig, gpus: bool, transport: str) -> Any | None:
+    if not cfg.trainer.enabled:
+        return None
+    trainers = TitanTrainer.options(
+        procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group=TRAINER_GROUP
+    )
+    return await trainers.as_actor(
+        cfg.trainer.engine,
+        cfg.trainer.loss,
+        weights_dtype=cfg.generator.dtype,
+        keep_weight_versions=cfg.keep_weight_versions,
+        weight_transport=transport,
+        verify_weights=cfg.generator.verify_weights,
+        profile_step=cfg.trainer.profile_step,
+        profile_dir=f"{cfg.output_dir}/profile",
+    )
+
+
+async def launch_reference(cfg: GRPOConfig, gpus: bool) -> Any | None:
+    """With the trainer's processes, hosts, GPUs and parallelism: a KL term needs no GPU of its
+    own, and each GPU holds a shard of the reference as it does of the policy."""
+    if not cfg.use_reference:
+        return None
+    references = ReferenceModel.options(
+        procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group=TRAINER_GROUP
+    )
+    return await references.as_actor(cfg.trainer.engine, cfg.generator.sampling.temperature)
+
+
+async def launch_replay_buffer(cfg: GRPOConfig, pad: int, recorder: RolloutRecorder | None) -> Any:
+    # The buffer records each batch it hands out beside the rollout records.
+    batches = str(batches_path(recorder.path)) if recorder else None
+    return await ReplayBuffer.as_actor(cfg.replay_buffer, pad, cfg.dp_size, batches)
+
+
+async def launch_actors(
+    cfg: GRPOConfig, recorder: RolloutRecorder | None, eval_scorer: RewardScorer
+) -> GRPOActors:
+    """Every actor of the run, launched together; the eval scorer's worker starts meanwhile (not
+    on the initial eval's time)."""
+    pad = pad_id(cfg)
+    transport = resolve_transport(cfg.generator.weight_transport, one_host=not cfg.provisioner.hosts)
+    gpus = torch.cuda.is_available()
+    (
+        dataset,
+        generator,
+        envs,
+        trainer,
+        replay_buffer,
+        reward,
+        advantages,
+        reference,
+        reward_models,
+        _,
+    ) = await asyncio.gather(
+        DatasetActor.as_actor(cfg.dataset),
+        launch_generator(cfg, gpus, transport),
+        launch_environments(cfg),
+        launch_trainer(cfg, gpus, transport),
+        launch_replay_buffer(cfg, pad, recorder),
+        RewardActor.as_actor(cfg.reward),
+        ComputeAdvantages.as_actor(cfg.rollout.advantage),
+        launch_reference(cfg, gpus),
+        launch_reward_models(cfg.reward, gpus),
+        asyncio.to_thread(eval_scorer.start),
+    )
+    rollouts = Rollouts(
+        generator,
+        turn_renderer(cfg),
+        cfg.generator.sampling.max_tokens,
+        envs,
+        cfg.trajectory_limits,
+        drop_truncated=cfg.env is not None and cfg.env.on_truncation == "drop",
+        deadline=cfg.generator.deadline,
+    )
+    return GRPOActors(dataset, rollouts, trainer, replay_buffer, reward, advantages, reference, reward_models)

@@ -1,0 +1,126 @@
+"""A GRPO run in this process: its start-up checks, then the actors (`forge.grpo.launch`) and the
+loops (`forge.runs.grpo_loops`), or train-only replay (`forge.recipes.grpo_replay`).
+
+What the run tells its user (its GPU plan, where its hosts' actors went, where it resumes) goes
+to `report`, which the app prints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from forge import store
+from forge.actors.generator import stop_pulling
+from forge.config import config_to_dict, save_config
+from forge.controller import get_provisioner, init_provisioner, shutdown
+from forge.controller.gpu_plan import GpuPlan
+from forge.controller.provisioner import visible_gpus
+from forge.grpo.config import GRPOConfig
+from forge.grpo.launch import launch_actors, pad_id
+from forge.observability import get_metric_logger
+from forge.recipes.grpo_replay import replay_training
+from forge.rewards.scorer import RewardScorer
+from forge.rollout.records import RolloutRecorder
+from forge.runs.checkpoint import Progress, RunCheckpointer
+from forge.runs.checks import check_no_earlier_metrics, check_run_inputs
+from forge.runs.grpo_loops import GRPOLoops
+from forge.runs.placement import grpo_gpu_plan
+from forge.runs.restarts import starts_afresh
+
+Report = Callable[[str], None]
+
+
+def checkpointer(cfg: GRPOConfig) -> RunCheckpointer:
+    return RunCheckpointer(Path(cfg.output_dir) / "checkpoints", cfg.checkpoint.keep)
+
+
+def check_start(cfg: GRPOConfig) -> GpuPlan | None:
+    """Every check before any process starts (each raises with what to fix); returns where the
+    model actors go on this host's GPUs (None without GPUs)."""
+    if cfg.rollout.replay_from and not Path(cfg.rollout.replay_from).is_file():
+        raise FileNotFoundError(f"rollout.replay_from: no rollout records at {cfg.rollout.replay_from}")
+    check_run_inputs(cfg)
+    checkpoints = checkpointer(cfg)
+    checkpoints.check_start(cfg.resume)
+    plan = grpo_gpu_plan(cfg, visible_gpus() if torch.cuda.is_available() else [])
+    if starts_afresh(cfg.resume, checkpoints.latest() is not None):
+        check_no_earlier_metrics(cfg.metrics.jsonl_path, "metrics.jsonl_path")
+    return plan
+
+
+async def run(cfg: GRPOConfig, plan: GpuPlan | None, report: Report) -> dict:
+    """The run; `plan` places its model actors on this host's GPUs (`forge.runs.placement`)."""
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    if cfg.actor_threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
+    if plan is not None:
+        report(plan.describe(visible_gpus()))
+    await init_provisioner(cfg.provisioner, seed=cfg.seed, plan=plan)
+    try:
+        if cfg.rollout.replay_from:
+            return await _replay(cfg)
+        return await _train(cfg, report)
+    finally:
+        await shutdown()
+
+
+async def _replay(cfg: GRPOConfig) -> dict:
+    """Train-only debugging: the recorded run's batches, with no generator, reward or reference."""
+    steps = await replay_training(
+        cfg.rollout.replay_from,
+        trainer_engine=cfg.trainer.engine,
+        trainer_loss=cfg.trainer.loss,
+        trainer_procs=cfg.trainer.procs,
+        dp_size=cfg.dp_size,
+        pad_id=pad_id(cfg),
+        max_steps=cfg.max_steps,
+        metrics=cfg.metrics,
+        run_config=config_to_dict(cfg),
+    )
+    return {"eval_accuracy": [], "replayed_steps": steps}
+
+
+async def _train(cfg: GRPOConfig, report: Report) -> dict:
+    metric_logger = await get_metric_logger(cfg.metrics, config_to_dict(cfg))
+    await store.initialize()
+    recorder = None
+    # The eval's reward runs contained like the training rewards: a call that raises or hangs
+    # scores 0 (not solved) and is counted in eval/reward/<name>/errors|timeouts.
+    eval_scorer = RewardScorer(
+        [(cfg.eval.reward_fn, 1.0)], timeout_s=cfg.reward.timeout_s, metric_prefix="eval/reward"
+    )
+    generator = None
+    try:  # from here on the store and the logger are released however start-up ends
+        if cfg.metrics.rollouts_path:
+            recorder = RolloutRecorder(cfg.metrics.rollouts_path, cfg.metrics.rollouts_every)
+        actors = await launch_actors(cfg, recorder, eval_scorer)
+        generator = actors.rollouts.generator
+        if cfg.provisioner.hosts:
+            report((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))
+        eval_rows = (await actors.dataset.eval_set.route())[: cfg.eval.num_prompts]
+        loops = GRPOLoops(cfg, actors, eval_rows, eval_scorer, metric_logger, checkpointer(cfg), recorder)
+        progress = Progress()
+        if cfg.resume:
+            progress = await loops.resume()
+            report(
+                f"resume: continuing after step {progress.step}"
+                if progress.step
+                else "resume: no checkpoint yet"
+            )
+        return await loops.run(progress)
+    finally:
+        await metric_logger.close()
+        if generator is not None:  # no generator is waiting on the store when it stops
+            await stop_pulling(generator)
+        await (await get_provisioner()).stop_supervisors()  # no replica is replaced any more
+        await store.shutdown()
+        eval_scorer.close()
+        if recorder is not None:
+            recorder.close()

@@ -141,7 +141,10 @@ async def _train(cfg: GRPOConfig) -> dict:
     # The eval's reward runs contained like the training rewards: a call that raises or hangs
     # scores 0 (not solved) and is counted in eval/reward/<name>/errors|timeouts.
     eval_scorer = RewardScorer(
-        [(cfg.eval.reward_fn, 1.0)], timeout_s=cfg.reward.timeout_s, metric_prefix="eval/reward"
+        [(cfg.eval.reward_fn, 1.0)],
+        timeout_s=cfg.reward.timeout_s,
+        memory_limit_gib=cfg.reward.memory_limit_gib,
+        metric_prefix="eval/reward",
     )
     generator = None
     try:  # from here on the store and the logger are released however start-up ends

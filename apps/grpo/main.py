@@ -261,6 +261,8 @@ def stopped(cfg: GRPOConfig, reason: str, code: int = 1) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from transformers import AutoTokenizer
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_args(GRPOConfig, argv, description="GRPO training with forge")
     try:
@@ -268,6 +270,9 @@ def main(argv: list[str] | None = None) -> dict:
         if cfg.rollout.replay_from and not Path(cfg.rollout.replay_from).is_file():
             raise FileNotFoundError(f"rollout.replay_from: no rollout records at {cfg.rollout.replay_from}")
         check_run_inputs(cfg)
+        # The trainer and the reference score the ids the generator samples, those its tokenizer
+        # decodes (a checkpoint may have more vocabulary rows).
+        cfg.trainer.engine.model.sampled_rows = len(AutoTokenizer.from_pretrained(cfg.generator.model_path))
         checkpoints = checkpointer(cfg)
         checkpoints.check_start(cfg.resume)
         plan = grpo_gpu_plan(cfg, visible_gpus() if torch.cuda.is_available() else [])

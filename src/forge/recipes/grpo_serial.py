@@ -63,6 +63,9 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
 
     # The policy is trained by TorchTitan and sampled by a separate engine, as in the app:
     # the two hold the same weights after every step.
+    # The policy and the reference score the ids the sampler samples, those the tokenizer decodes
+    # (a checkpoint may have more vocabulary rows), as the app's do.
+    cfg.trainer.engine.model.sampled_rows = len(tokenizer)
     policy = TitanEngine(cfg.trainer.engine, trainable=True)
     sampler = build_generation_engine(cfg.generator, tokenizer.eos_token_id, tokenizer)
     # Rows become trajectories as in the app (forge.rollout.groups): the chat template renders the

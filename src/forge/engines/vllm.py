@@ -145,7 +145,8 @@ class VLLMEngine(ConcurrentGenerationEngine):
         # pass ours as stop tokens.
         self.eos_token_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self._layout = HFLayout.of_config(self.hf_config, self.dtype)
-        rows = range(len(tokenizer), self.hf_config.vocab_size) if tokenizer is not None else ()
+        vocab_rows = self.hf_config.get_text_config().vocab_size
+        rows = range(len(tokenizer), vocab_rows) if tokenizer is not None else ()
         self._unsampled = {token: float("-inf") for token in rows} or None
 
         self.version = 0

@@ -77,7 +77,7 @@ def grpo_serial(cfg: Any, on_step: Callable[[int, dict[str, float]], None] | Non
     drop_truncated = cfg.env is not None and cfg.env.on_truncation == "drop"
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
     loss_fn = build_loss(cfg.trainer.loss.name, **cfg.trainer.loss.params)
-    # In this process, with no time limit: one process, one thing at a time (the app's reward
+    # In this process, with no time or memory limit: one process, one thing at a time (the app's reward
     # actor runs the functions in a worker process it can restart when one hangs).
     scorer = RewardScorer(
         [(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward, remote=cfg.reward.remote

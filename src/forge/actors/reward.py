@@ -99,7 +99,7 @@ class RewardConfig(ForgeConfigModel):
     # Most memory a reward function's call may map, in GiB, beyond what its process holds once the
     # functions are imported (RLIMIT_AS of the processes that run the calls; see
     # forge.rewards.worker). A call past it scores error_reward, counted in reward/<name>/errors,
-    # and the next call runs in a fresh process. Applies with timeout_s set. None: no limit.
+    # and the calls after it run as usual. Applies with timeout_s set. None: no limit.
     memory_limit_gib: float | None = Field(4.0, gt=0)
     # A reward server that scores batches of responses over HTTP (forge.rewards.remote),
     # weighed in with the functions as reward/remote.

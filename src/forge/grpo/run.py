@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
 from forge import store
 from forge.actors.generator import stop_pulling
@@ -55,6 +56,9 @@ def check_start(cfg: GRPOConfig) -> GpuPlan | None:
 async def run(cfg: GRPOConfig, plan: GpuPlan | None, report: Report) -> dict:
     """The run; `plan` places its model actors on this host's GPUs (`forge.runs.placement`)."""
     torch.manual_seed(cfg.seed)
+    # The trainer and the reference score the ids the generator samples, those its tokenizer
+    # decodes (a checkpoint may have more vocabulary rows).
+    cfg.trainer.engine.model.sampled_rows = len(AutoTokenizer.from_pretrained(cfg.generator.model_path))
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
@@ -94,7 +98,10 @@ async def _train(cfg: GRPOConfig, report: Report) -> dict:
     # The eval's reward runs contained like the training rewards: a call that raises or hangs
     # scores 0 (not solved) and is counted in eval/reward/<name>/errors|timeouts.
     eval_scorer = RewardScorer(
-        [(cfg.eval.reward_fn, 1.0)], timeout_s=cfg.reward.timeout_s, metric_prefix="eval/reward"
+        [(cfg.eval.reward_fn, 1.0)],
+        timeout_s=cfg.reward.timeout_s,
+        memory_limit_gib=cfg.reward.memory_limit_gib,
+        metric_prefix="eval/reward",
     )
     generator = None
     try:  # from here on the store and the logger are released however start-up ends

@@ -62,6 +62,9 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
 
     # The policy is trained by TorchTitan and sampled by a separate engine, as in the app:
     # the two hold the same weights after every step.
+    # The policy and the reference score the ids the sampler samples, those the tokenizer decodes
+    # (a checkpoint may have more vocabulary rows), as the app's do.
+    cfg.trainer.engine.model.sampled_rows = len(tokenizer)
     policy = TitanEngine(cfg.trainer.engine, trainable=True)
     sampler = build_generation_engine(cfg.generator, tokenizer.eos_token_id, tokenizer)
     # Rows become trajectories as in the app (forge.rollout.groups): the chat template renders the
@@ -73,7 +76,7 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
     drop_truncated = cfg.env is not None and cfg.env.on_truncation == "drop"
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
     loss_fn = loss_from_config(cfg.trainer.loss)
-    # In this process, with no time limit: one process, one thing at a time (the app's reward
+    # In this process, with no time or memory limit: one process, one thing at a time (the app's reward
     # actor runs the functions in a worker process it can restart when one hangs).
     scorer = RewardScorer(
         [(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward, remote=cfg.reward.remote

@@ -4,7 +4,9 @@ A reward function is user code: it may raise, return something that is not a fin
 (None, a string, ``inf``), never return, end its process (``os._exit``, a crash in C code) or
 print megabytes. None of these may stop a run. A call that does not return a finite number
 scores ``error_reward`` and is counted in ``reward/<name>/errors``; a call that runs longer
-than ``timeout_s`` scores ``error_reward`` and is counted in ``reward/<name>/timeouts``.
+than ``timeout_s`` scores ``error_reward`` and is counted in ``reward/<name>/timeouts``; one that
+maps more than ``memory_limit_gib`` of memory (beyond what the imported functions hold) scores
+``error_reward`` and is counted in ``reward/<name>/errors``.
 
 A hung call cannot be interrupted inside the process that runs it (Python cannot kill a
 thread, and C code may ignore signals), but a child process can be killed. So with a
@@ -41,7 +43,7 @@ class RewardScorer:
     """Scores responses with weighted reward functions (see the module docstring) and, with
     ``remote``, a reward server (`forge.rewards.remote`), group by group.
 
-    ``timeout_s=None`` runs the functions in this process, with no time limit. Each function's
+    ``timeout_s=None`` runs the functions in this process, with no time or memory limit. Each function's
     values are recorded under ``metric_prefix`` (``eval/reward`` for the eval's scorer); the
     total, which has other sources, where they are summed (`forge.rollout.scores`).
     """
@@ -51,13 +53,16 @@ class RewardScorer:
         functions: list[tuple[str, float]],
         error_reward: float = 0.0,
         timeout_s: float | None = None,
+        memory_limit_gib: float | None = None,
         remote: RemoteRewardConfig | None = None,
         metric_prefix: str = "reward",
     ):
         self.functions = [(name, weight, get_reward_fn(name)) for name, weight in functions]
         self.metric_prefix = metric_prefix
         self.failures = RewardFailures(error_reward, metric_prefix)
-        self._worker = RewardWorker([name for name, _ in functions], timeout_s) if timeout_s else None
+        self._worker = (
+            RewardWorker([name for name, _ in functions], timeout_s, memory_limit_gib) if timeout_s else None
+        )
         self._remote = RemoteScorer(remote, self.failures) if remote is not None else None
 
     def start(self) -> None:

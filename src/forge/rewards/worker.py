@@ -3,7 +3,7 @@ the process that scores.
 
     python -u -m forge.rewards.worker READ_FD WRITE_FD
 
-It receives (reward function names, timeout_s), imports the functions and answers "ready"
+It receives (reward function names, timeout_s, memory_limit_bytes), imports the functions and answers "ready"
 (or ``("error", why)``); then for each list of calls it receives, it sends back the list of
 their outcomes. It never runs a reward function itself: it forks runners that do (a fork is
 cheap and has the functions imported already), so whatever a call does (hang, end its
@@ -16,6 +16,16 @@ prompt, response and target are the group's lists, and its outcome is a list of 
 per response. Outcomes are plain data (a float, a list of floats, or a (kind, why) pair of
 strings): this module runs as the script ``__main__``, and an instance of a class defined here
 would not unpickle in the parent.
+
+A runner may map at most ``memory_limit_bytes`` beyond what it had when it was forked (the
+worker's own address space: the interpreter and the imported functions' modules), as its
+RLIMIT_AS (Linux). The limit counts from there rather than from zero because what imports map
+is no call's doing and varies widely: measured on a 2-core CPU machine, a worker with the
+built-in functions maps 28 MiB, 69 MiB with math-verify, 180 MiB with numpy (OpenBLAS reserves
+buffers per core, so more on a large machine) and 665 MiB with torch (more with CUDA libraries).
+An allocation past it raises MemoryError in the call, which fails, and the runner goes on with
+the next call (what the failed allocation would have mapped was never mapped); C code that
+cannot report it may end the runner instead, and the calls after it run in fresh runners.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -62,7 +73,10 @@ def call_here(fn: RewardFn | GroupRewardFn, prompt, response, target) -> Outcome
         return ERROR, f"returned {e}"[:MESSAGE_CHARS]
     except (Exception, SystemExit) as e:  # sys.exit() in a reward function is its bug too
         # format_exception_only survives an exception whose str() raises.
-        return ERROR, f"raised {''.join(traceback.format_exception_only(e)).strip()}"[:MESSAGE_CHARS]
+        why = f"raised {''.join(traceback.format_exception_only(e)).strip()}"
+        if isinstance(e, MemoryError):
+            why += " (past reward.memory_limit_gib, or the machine's memory)"
+        return ERROR, why[:MESSAGE_CHARS]
 
 
 def score(value) -> float:
@@ -96,9 +110,17 @@ def group_scores(values, size: int) -> list[float]:
 
 class Runner:
     """A forked child that runs some of a batch's calls in order and sends each outcome as soon
-    as the call returns; each call may take `timeout_s` from the previous one's answer."""
+    as the call returns; each call may take `timeout_s` from the previous one's answer, and the
+    runner may map `memory_limit_bytes` (None: no limit) beyond the worker's address space."""
 
-    def __init__(self, functions: list[RewardFn], calls: list[Call], indices: list[int], timeout_s: float):
+    def __init__(
+        self,
+        functions: list[RewardFn],
+        calls: list[Call],
+        indices: list[int],
+        timeout_s: float,
+        memory_limit_bytes: int | None,
+    ):
         self.indices = indices  # positions in the batch, in the order the runner calls them
         self.answered = 0
         self.deadline = time.monotonic() + timeout_s
@@ -109,6 +131,8 @@ class Runner:
             try:
                 os.close(read_fd)
                 die_with_parent(worker)
+                if memory_limit_bytes is not None:
+                    limit_address_space(memory_limit_bytes)
                 send = Connection(write_fd, readable=False)
                 for i in indices:
                     index, prompt, response, target = calls[i]
@@ -139,8 +163,22 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def limit_address_space(growth_bytes: int) -> None:
+    """Limits this process's address space to what it maps now plus `growth_bytes` (Linux: where
+    /proc is; RLIMIT_AS is not enforced on macOS)."""
+    if sys.platform != "linux":
+        return
+    with open("/proc/self/statm") as f:  # its first field: the address space's size, in pages
+        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + growth_bytes, mapped + growth_bytes))
+
+
 def run_batch(
-    functions: list[RewardFn], calls: list[Call], timeout_s: float, parent: Connection
+    functions: list[RewardFn],
+    calls: list[Call],
+    timeout_s: float,
+    memory_limit_bytes: int | None,
+    parent: Connection,
 ) -> list[Outcome] | None:
     """The outcome of each call, or None if the parent died meanwhile.
 
@@ -155,7 +193,7 @@ def run_batch(
     runners: dict[Connection, Runner] = {}
     while waiting or runners:
         while waiting and len(runners) < MAX_RUNNERS:
-            runner = Runner(functions, calls, waiting.popleft(), timeout_s)
+            runner = Runner(functions, calls, waiting.popleft(), timeout_s, memory_limit_bytes)
             runners[runner.receive] = runner
         next_deadline = min(r.deadline for r in runners.values())
         ready = wait([parent, *runners], timeout=max(0.0, next_deadline - time.monotonic()))
@@ -192,7 +230,7 @@ def serve(receive: Connection, send: Connection) -> None:
     # Ctrl-C in a terminal reaches every process of the group; this one's parent stops it (and
     # a KeyboardInterrupt here would only print a traceback over the app's own message).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    names, timeout_s = receive.recv()
+    names, timeout_s, memory_limit_bytes = receive.recv()
     try:
         functions = [get_reward_fn(name) for name in names]
     except ValueError as e:
@@ -204,7 +242,7 @@ def serve(receive: Connection, send: Connection) -> None:
             calls = receive.recv()
         except EOFError:  # the parent closed the pipe or died
             return
-        outcomes = run_batch(functions, calls, timeout_s, receive)
+        outcomes = run_batch(functions, calls, timeout_s, memory_limit_bytes, receive)
         if outcomes is None:
             return
         send.send(outcomes)
@@ -217,9 +255,10 @@ WORKER_START_TIMEOUT_S = 300.0
 class RewardWorker:
     """The worker process: started on first use, and again after it was lost."""
 
-    def __init__(self, names: list[str], timeout_s: float):
+    def __init__(self, names: list[str], timeout_s: float, memory_limit_gib: float | None = None):
         self.names = names
         self.timeout_s = timeout_s
+        self.memory_limit_bytes = None if memory_limit_gib is None else int(memory_limit_gib * 2**30)
         self._process: subprocess.Popen | None = None
         self._send: Connection | None = None
         self._receive: Connection | None = None
@@ -245,7 +284,7 @@ class RewardWorker:
             Connection(to_child_w, readable=False),
             Connection(from_child_r, writable=False),
         )
-        self._send.send((self.names, self.timeout_s))
+        self._send.send((self.names, self.timeout_s, self.memory_limit_bytes))
         if not self._receive.poll(WORKER_START_TIMEOUT_S):
             self.close()
             raise RuntimeError(f"the reward worker did not start within {WORKER_START_TIMEOUT_S:.0f} s")

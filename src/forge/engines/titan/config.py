@@ -33,6 +33,12 @@ class ModelConfig(_Section):
     vocab_size: int | None = Field(default=None, gt=0)
     """Without ``hf_path``: overrides the flavor's vocabulary size. The apps refuse a model built
     this way whose rows differ from the tokenizer's tokens (the SFT app sets it from the tokenizer)."""
+    sampled_rows: int | None = Field(default=None, gt=0)
+    """The first vocabulary rows, the ids the generator samples: a checkpoint may have more rows
+    than its tokenizer has tokens (Qwen pads them), and the generator never samples an id the
+    tokenizer cannot decode. Token scores (logprobs, entropy) are then those of the softmax over
+    these rows, the distribution the generator samples from. None: all rows. The GRPO app sets it
+    to the generator's tokenizer size."""
 
 
 # Adam's decay rate of a moment estimate: at 1 the estimate never leaves 0, and the bias

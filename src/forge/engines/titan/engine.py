@@ -156,6 +156,7 @@ class TitanEngine:
         self.flops = ModelFlops(model, args.n_layers, args.n_heads, head_dim)
         model = parallelize(model, self.spec, self.parallel_dims, self.job_config)
         self._head = model.output
+        self._head.scored_rows = self.config.model.sampled_rows
         model.to_empty(device=self.device)
         with torch.no_grad():
             model.init_weights(buffer_device=None)
@@ -191,6 +192,11 @@ class TitanEngine:
         if missing:
             tokens = torch.nn.functional.pad(tokens, (0, missing))
         return self.model(tokens, attention_masks=rows_metadata(*tokens.shape, tokens.device))[:, :width]
+
+    def _sampled_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The logits of the rows the generator samples (``model.sampled_rows``), which the losses
+        and token scores read; the head does the same when it scores."""
+        return self._logits(tokens)[..., : self.config.model.sampled_rows]
 
     @property
     def scores_in_head(self) -> bool:
@@ -275,7 +281,7 @@ class TitanEngine:
                 self._idle_pass(backward=False)
         else:
             with self._compute_context():
-                logits = self._logits(tokens.to(self.device))
+                logits = self._sampled_logits(tokens.to(self.device))
             scores = scores_from_logits(logits, batch.scored_target_ids().to(self.device), temperature)
         unscored = loss_mask == 0
         return TokenScores(*(getattr(scores, name).cpu().masked_fill(unscored, 0) for name in fields))
@@ -337,7 +343,7 @@ class TitanEngine:
                             self._scores(microbatch, packed, loss_fn.temperature), microbatch
                         )
                     else:
-                        out = loss_fn(self._logits(microbatch.tokens), microbatch)
+                        out = loss_fn(self._sampled_logits(microbatch.tokens), microbatch)
                 with timer.phase("backward"):
                     (out.loss * self._grad_scale).backward()
                 reductions.update(out.reductions)

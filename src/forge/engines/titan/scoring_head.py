@@ -29,6 +29,8 @@ class ScoringHead(nn.Linear):
         super().__init__(*args, **kwargs)
         self._targets: torch.Tensor | None = None
         self._temperature = 1.0
+        # The first rows, those scored (ModelConfig.sampled_rows); None: all.
+        self.scored_rows: int | None = None
 
     @contextlib.contextmanager
     def scoring(self, target_ids: torch.Tensor, temperature: float) -> Iterator[None]:
@@ -42,4 +44,6 @@ class ScoringHead(nn.Linear):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._targets is None:
             return super().forward(hidden)
-        return head_scores(hidden, self.weight, self.bias, self._targets, self._temperature)
+        rows = slice(self.scored_rows)
+        bias = None if self.bias is None else self.bias[rows]
+        return head_scores(hidden, self.weight[rows], bias, self._targets, self._temperature)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from hf_checkpoints import CHECKPOINTS, GENERATION_DEFAULTS, make_checkpoint
 from titan_testing import lm_batch, masked_ce
 from transformers import AutoModelForCausalLM, GenerationConfig
@@ -22,13 +21,6 @@ from forge.recipes.grpo_serial import grpo_serial
 
 NAMES = list(CHECKPOINTS)
 SEQ_LEN = 256
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _own_process_group():
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,7 @@
 """Mixed precision without FSDP: the float32 weights are cast to bfloat16 once per train step,
 not in every micro-batch, and the step's float32 gradients are those of the bfloat16 passes."""
 
-import pytest
 import torch
-import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from forge.engines.titan.config import TitanEngineConfig
@@ -13,13 +11,6 @@ from forge.rl.losses import build_loss
 
 VOCAB = 40
 ROWS, WIDTH = 6, 12
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _own_process_group():
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def engine(compute_dtype: str) -> TitanEngine:

@@ -3,7 +3,6 @@ as padded rows do: the same per-sequence logprobs, loss, metrics and gradients."
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
@@ -17,13 +16,6 @@ WIDTH = 14
 # exactly; 5 then 8 would cross the boundary, so 8 opens the next one, which 4 fills exactly.
 LENGTHS = [12, 5, 8, 4, 3]
 BUDGET = 12
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _own_process_group():
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def test_plan_fills_budgets_in_order_and_never_splits_a_sequence():

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from hf_checkpoints import ROWS, make_padded_checkpoint
 from transformers import AutoTokenizer
 
@@ -17,13 +16,6 @@ from forge.recipes.grpo_serial import grpo_serial
 
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 12, 13], [1, 20, 21, 22]]
 SAMPLING = SamplingParams(n=8, temperature=1.0, max_tokens=16, seed=0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _own_process_group():
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-import torch.distributed as dist
 from pydantic import ValidationError
 from titan_testing import LossOutput, lm_batch, masked_ce
 from transformers import AutoModelForCausalLM
@@ -33,14 +32,6 @@ def make_config(**sections) -> TitanEngineConfig:
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
     return TitanEngineConfig.model_validate(raw)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _own_process_group():
-    """The first engine creates a world-size-1 process group; drop it for the next modules."""
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def test_training_lowers_the_loss_on_a_fixed_batch():

@@ -3,7 +3,6 @@ retention and verification are the run checkpoint's (tests/runs/test_checkpoint_
 
 import pytest
 import torch
-import torch.distributed as dist
 from titan_testing import LossOutput, lm_batch
 
 from forge.engines.titan.config import TitanEngineConfig
@@ -35,14 +34,6 @@ def make_config(seed: int = 0) -> TitanEngineConfig:
             "lr_scheduler": {"warmup_steps": 2, "decay_type": "cosine", "total_steps": 10},
         }
     )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _own_process_group():
-    """The first engine creates a world-size-1 process group; drop it for the next modules."""
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def train(engine: TitanEngine, data: list[PolicyBatch]) -> list[float]:

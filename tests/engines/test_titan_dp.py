@@ -78,14 +78,6 @@ def run_rank(rank: int, init_dir: str, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _own_process_group():
-    """The first engine creates a world-size-1 process group; drop it for the next modules."""
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def test_fsdp_two_ranks_match_one_process(tmp_path):
     init_dir = str(tmp_path / "init")
     TitanEngine(make_config(None, 1)).export_hf(init_dir)

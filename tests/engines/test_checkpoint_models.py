@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from hf_checkpoints import CHECKPOINTS, GENERATION_DEFAULTS, make_checkpoint
+from on_policy import assert_one_step_is_on_policy
 from titan_testing import lm_batch, masked_ce
 from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -16,8 +17,6 @@ from forge.engines.generation import SamplingParams
 from forge.engines.hf_generate import HFGenerateEngine
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
-from forge.grpo.config import GRPOConfig
-from forge.recipes.grpo_serial import grpo_serial
 
 NAMES = list(CHECKPOINTS)
 SEQ_LEN = 256
@@ -59,23 +58,7 @@ def test_trainer_logits_equal_transformers(checkpoints, name):
 def test_one_grpo_step_is_on_policy(checkpoints, name, tmp_path):
     """The generator (native engine) samples and the trainer recomputes the same logprobs."""
     policy = checkpoints[name]
-    cfg = GRPOConfig.model_validate(
-        {
-            "policy_path": str(policy),
-            "output_dir": str(tmp_path),
-            "max_steps": 1,
-            "dataset": {"toy_task": {"num_train": 16, "num_eval": 4}},
-            "generator": {"model_path": str(policy), "sampling": {"max_tokens": 8, "temperature": 1.0}},
-            "trainer": {"engine": {"model": {"hf_path": str(policy)}, "training": {"seq_len": 64}}},
-            "rollout": {"prompts_per_step": 2, "group_size": 4, "skip_groups_without_signal": False},
-            "replay_buffer": {"batch_size": 8},
-            "eval": {"every": 0},
-            "metrics": {"console": False},
-        }
-    )
-    (row,) = grpo_serial(cfg)["metrics"]
-    assert row["loss/mismatch_kl"] < 1e-6, row
-    assert row["train/tokens"] > 0 and row["loss/ratio_max"] < 1 + 1e-4, row
+    assert_one_step_is_on_policy(policy, tmp_path)
 
 
 @pytest.fixture(scope="module")

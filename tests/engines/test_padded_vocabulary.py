@@ -7,12 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 from hf_checkpoints import ROWS, make_padded_checkpoint
+from on_policy import assert_one_step_is_on_policy
 from transformers import AutoTokenizer
 
 from forge.engines.generation import SamplingParams
 from forge.engines.hf_generate import HFGenerateEngine
-from forge.grpo.config import GRPOConfig
-from forge.recipes.grpo_serial import grpo_serial
 
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 12, 13], [1, 20, 21, 22]]
 SAMPLING = SamplingParams(n=8, temperature=1.0, max_tokens=16, seed=0)
@@ -50,20 +49,4 @@ def test_the_native_engine_samples_only_ids_the_tokenizer_decodes(padded):
 def test_a_grpo_step_on_a_padded_checkpoint_is_on_policy(padded, tmp_path):
     """The trainer scores the rows the generator samples: without that, its logprobs would be
     those of a softmax over all rows, far below the generator's here."""
-    cfg = GRPOConfig.model_validate(
-        {
-            "policy_path": str(padded),
-            "output_dir": str(tmp_path),
-            "max_steps": 1,
-            "dataset": {"toy_task": {"num_train": 16, "num_eval": 4}},
-            "generator": {"model_path": str(padded), "sampling": {"max_tokens": 8, "temperature": 1.0}},
-            "trainer": {"engine": {"model": {"hf_path": str(padded)}, "training": {"seq_len": 64}}},
-            "rollout": {"prompts_per_step": 2, "group_size": 4, "skip_groups_without_signal": False},
-            "replay_buffer": {"batch_size": 8},
-            "eval": {"every": 0},
-            "metrics": {"console": False},
-        }
-    )
-    (row,) = grpo_serial(cfg)["metrics"]
-    assert row["loss/mismatch_kl"] < 1e-6, row
-    assert row["train/tokens"] > 0 and row["loss/ratio_max"] < 1 + 1e-4, row
+    assert_one_step_is_on_policy(padded, tmp_path)

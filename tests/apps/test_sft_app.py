@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import yaml
 from apps.sft.main import main
 from hf_checkpoints import make_checkpoint
@@ -68,13 +67,11 @@ def by_step(rows: list[dict], key: str) -> dict[int, float]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _restore_process_state():
-    """main() sets OMP_NUM_THREADS for its trainer processes; the export test builds an engine
-    here, which creates a process group. Neither may leak into other test modules."""
+    """main() sets OMP_NUM_THREADS for its trainer processes: it may not leak into other test
+    modules (the process group the export test creates is dropped by tests/conftest.py)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OMP_NUM_THREADS", "1")
         yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from forge.actors.reference import ReferenceModel, reference_logprobs
 from forge.controller import shutdown
@@ -75,14 +74,13 @@ def two_ranks(tiny_policy):
 
 @pytest.fixture(scope="module")
 def one_process(tiny_policy):
-    """The same model in this process, whole (world size 1); its process group goes with the module."""
+    """The same model in this process, whole (world size 1); its process group goes with the
+    module (tests/conftest.py)."""
     engine = TitanEngine(engine_config(tiny_policy, -1), trainable=False)
-    yield {
+    return {
         "odd": completion_logprobs(engine, ODD, TEMPERATURE),
         "one": completion_logprobs(engine, ONE, TEMPERATURE),
     }
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def assert_rows_close(got: list[list[float]], expected: list[list[float]]) -> None:

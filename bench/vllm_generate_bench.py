@@ -9,6 +9,10 @@ GPU machines), bf16, 256 prompts x n=8, up to 256 new tokens, temperature 1:
 - `actor`:  the `Generator` actor with `generator.engine=vllm`: 4 concurrent `generate_batch`
             calls, as the rollout loops make them, and `update_weights` through the store;
 - `hf`:     the `Generator` actor with `generator.engine=hf` (calls of `--hf-chunk` prompts);
+- `sampling`: plain vLLM again, one `LLM`, what each sampling setting forge uses costs:
+            per-request seeds (vLLM draws a seeded request's noise by itself, one kernel per
+            request per step), logprobs, and the logit bias that keeps padded vocabulary rows
+            out of the samples; tokens/s and the GPU's busy share for each;
 - `parity`: the trainer's bf16 weights (TitanEngine) loaded in place into a running
             VLLMEngine; max and mean |generator - trainer| logprob on its samples.
 
@@ -49,7 +53,7 @@ from forge.engines.titan.engine import TitanEngine  # noqa: E402
 from forge.engines.vllm import VLLMEngine  # noqa: E402
 from forge.engines.vllm_config import VLLMConfig, llm_kwargs  # noqa: E402
 
-PARTS = ("plain", "engine", "actor", "hf", "parity")
+PARTS = ("plain", "engine", "actor", "hf", "sampling", "parity")
 CONCURRENT_CALLS = 4
 
 
@@ -179,6 +183,72 @@ def part_plain(args, path: Path) -> None:
     outputs, elapsed = timed(lambda: llm.generate(batch, params, use_tqdm=False))
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     record(args, "plain", "LLM.generate, one call, generated tokens/s", tokens / elapsed, "tokens/s")
+
+
+# name: (per-request seed, logprobs, logit bias on the padded vocabulary rows)
+SAMPLING_VARIANTS = {
+    "seeded, logprobs, padded rows biased (forge's GRPO default)": (True, True, True),
+    "seeded, logprobs": (True, True, False),
+    "unseeded, logprobs": (False, True, False),
+    "unseeded, logprobs, padded rows biased": (False, True, True),
+    "unseeded, no logprobs": (False, False, False),
+}
+
+
+def part_sampling(args, path: Path) -> None:
+    from vllm import LLM
+    from vllm import SamplingParams as VLLMSamplingParams
+
+    llm = LLM(**llm_kwargs(str(path), vllm_config(args), getattr(torch, args.dtype), torch.cuda.is_available()))
+    vocab = vocab_of(path)
+    batch = [{"prompt_token_ids": p} for p in prompts(args, vocab)]
+    # Qwen3's checkpoints pad 267 rows past the tokenizer's 151,669 tokens.
+    padded_rows = {token: float("-inf") for token in range(vocab - min(267, vocab // 4), vocab)}
+    llm.generate(batch, VLLMSamplingParams(n=args.n, max_tokens=8), use_tqdm=False)  # warm-up
+    for name, (seeded, logprobs, biased) in SAMPLING_VARIANTS.items():
+        params = VLLMSamplingParams(
+            n=args.n,
+            temperature=1.0,
+            max_tokens=args.max_tokens,
+            seed=0 if seeded else None,
+            logprobs=0 if logprobs else None,
+            logit_bias=padded_rows if biased else None,
+        )
+        runs = []  # twice: a setting's first call may pay for something (a compile) once
+        for _ in range(2):
+            with GpuBusy() as busy:
+                outputs, elapsed = timed(lambda p=params: llm.generate(batch, p, use_tqdm=False))
+            runs.append((sum(len(c.token_ids) for o in outputs for c in o.outputs) / elapsed, busy.share))
+        rate, share = max(runs, key=lambda run: run[0])
+        record(args, "sampling", f"{name}: tokens/s (the faster of 2 calls)", rate, "tokens/s")
+        if share is not None:
+            record(args, "sampling", f"{name}: GPU busy", 100 * share, "%")
+
+
+class GpuBusy:
+    """The GPU's mean busy share (NVML, every 50 ms) while the block runs; None without NVML."""
+
+    def __enter__(self):
+        import threading
+
+        self.share, self._samples, self._stop = None, [], threading.Event()
+        try:
+            torch.cuda.utilization()
+        except Exception:
+            return self
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self._samples.append(torch.cuda.utilization() / 100)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._samples:
+            self._thread.join()
+            self.share = statistics.mean(self._samples)
 
 
 def part_engine(args, path: Path) -> None:
@@ -326,6 +396,8 @@ def main() -> None:
             part_plain(args, path)
         elif part == "engine":
             part_engine(args, path)
+        elif part == "sampling":
+            part_sampling(args, path)
         elif part in ("actor", "hf"):
             asyncio.run(_actor(args, path, "vllm" if part == "actor" else "hf"))
         else:

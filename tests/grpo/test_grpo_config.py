@@ -22,6 +22,7 @@ def test_unset_values_follow_the_settings_they_copy():
     cfg = load_config(GRPOConfig, config, ["generator.sampling.temperature=0.7", "output_dir=runs/x"])
     assert cfg.generator.model_path == cfg.trainer.engine.model.hf_path == cfg.policy_path
     assert cfg.trainer.loss.temperature == 0.7
+    assert cfg.generator.sampling.seed == cfg.seed
     assert (cfg.metrics.jsonl_path, cfg.metrics.rollouts_path) == (
         "runs/x/metrics.jsonl",
         "runs/x/rollouts.jsonl",
@@ -34,10 +35,12 @@ def test_unset_values_follow_the_settings_they_copy():
             "trainer.engine.model.hf_path=null",
             "metrics.jsonl_path=m.jsonl",
             "metrics.rollouts_path=null",
+            "generator.sampling.seed=null",
         ],
     )
     assert explicit.generator.model_path == "elsewhere" and explicit.trainer.engine.model.hf_path is None
     assert (explicit.metrics.jsonl_path, explicit.metrics.rollouts_path) == ("m.jsonl", None)
+    assert explicit.generator.sampling.seed is None
 
 
 @pytest.mark.parametrize("name", ["tiny_cpu", "tool_cpu", "gpu_demo"])

@@ -199,7 +199,9 @@ def part_sampling(args, path: Path) -> None:
     from vllm import LLM
     from vllm import SamplingParams as VLLMSamplingParams
 
-    llm = LLM(**llm_kwargs(str(path), vllm_config(args), getattr(torch, args.dtype), torch.cuda.is_available()))
+    llm = LLM(
+        **llm_kwargs(str(path), vllm_config(args), getattr(torch, args.dtype), torch.cuda.is_available())
+    )
     vocab = vocab_of(path)
     batch = [{"prompt_token_ids": p} for p in prompts(args, vocab)]
     # Qwen3's checkpoints pad 267 rows past the tokenizer's 151,669 tokens.

@@ -33,8 +33,12 @@ On CPU, `--tiny` runs every part on a tiny model in a minute or two (a dry run, 
 
 import argparse
 import asyncio
+import contextlib
+import cProfile
+import gc
 import json
 import os
+import pstats
 import statistics
 import tempfile
 import time
@@ -71,6 +75,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hf-chunk", type=int, default=64, help="prompts per call of the hf engine")
     p.add_argument("--model-dir", default="/tmp/forge_vllm_bench_model", help="made once, then reused")
     p.add_argument("--results", default="/tmp/forge_vllm_bench.jsonl")
+    p.add_argument(
+        "--cprofile",
+        action="store_true",
+        help="sampling: print where the host's time goes (cProfile), each setting",
+    )
     p.add_argument("--table", action="store_true", help="print the table of --results and exit")
     args = p.parse_args()
     if args.tiny:
@@ -185,13 +194,15 @@ def part_plain(args, path: Path) -> None:
     record(args, "plain", "LLM.generate, one call, generated tokens/s", tokens / elapsed, "tokens/s")
 
 
-# name: (per-request seed, logprobs, logit bias on the padded vocabulary rows)
+# name: (per-request seed, logprobs: None, "dicts" (a dict per token) or "flat" (vLLM's
+# FlatLogprobs lists), logit bias on the padded vocabulary rows, Python's GC off)
 SAMPLING_VARIANTS = {
-    "seeded, logprobs, padded rows biased (forge's GRPO default)": (True, True, True),
-    "seeded, logprobs": (True, True, False),
-    "unseeded, logprobs": (False, True, False),
-    "unseeded, logprobs, padded rows biased": (False, True, True),
-    "unseeded, no logprobs": (False, False, False),
+    "seeded, logprobs, padded rows biased (forge's GRPO default)": (True, "dicts", True, False),
+    "unseeded, logprobs": (False, "dicts", False, False),
+    "unseeded, no logprobs": (False, None, False, False),
+    "unseeded, flat logprobs": (False, "flat", False, False),
+    "unseeded, logprobs, GC off": (False, "dicts", False, True),
+    "seeded, flat logprobs, padded rows biased": (True, "flat", True, False),
 }
 
 
@@ -207,24 +218,43 @@ def part_sampling(args, path: Path) -> None:
     # Qwen3's checkpoints pad 267 rows past the tokenizer's 151,669 tokens.
     padded_rows = {token: float("-inf") for token in range(vocab - min(267, vocab // 4), vocab)}
     llm.generate(batch, VLLMSamplingParams(n=args.n, max_tokens=8), use_tqdm=False)  # warm-up
-    for name, (seeded, logprobs, biased) in SAMPLING_VARIANTS.items():
+    for name, (seeded, logprobs, biased, gc_off) in SAMPLING_VARIANTS.items():
         params = VLLMSamplingParams(
             n=args.n,
             temperature=1.0,
             max_tokens=args.max_tokens,
             seed=0 if seeded else None,
             logprobs=0 if logprobs else None,
+            flat_logprobs=logprobs == "flat",
             logit_bias=padded_rows if biased else None,
         )
         runs = []  # twice: a setting's first call may pay for something (a compile) once
         for _ in range(2):
-            with GpuBusy() as busy:
+            if gc_off:
+                gc.disable()
+            with GpuBusy() as busy, host_profile(args.cprofile and runs, name):
                 outputs, elapsed = timed(lambda p=params: llm.generate(batch, p, use_tqdm=False))
+            gc.enable()
             runs.append((sum(len(c.token_ids) for o in outputs for c in o.outputs) / elapsed, busy.share))
+            del outputs
         rate, share = max(runs, key=lambda run: run[0])
         record(args, "sampling", f"{name}: tokens/s (the faster of 2 calls)", rate, "tokens/s")
         if share is not None:
             record(args, "sampling", f"{name}: GPU busy", 100 * share, "%")
+
+
+@contextlib.contextmanager
+def host_profile(on: bool, name: str):
+    """With `on`, prints the functions the host spent most of the block's time in."""
+    if not on:
+        yield
+        return
+    profile = cProfile.Profile()
+    profile.enable()
+    yield
+    profile.disable()
+    print(f"\n--- host time, {name} ---", flush=True)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 
 
 class GpuBusy:

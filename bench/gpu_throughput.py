@@ -70,27 +70,35 @@ VARIANTS = {
 
 
 # How a run spreads over the first N GPUs of the machine: (N, trainer ranks, generator replicas,
-# colocated). Each step's prompts are split over the replicas (`placement_overrides`).
+# replicas per generator GPU, colocated). Each step's prompts are split over the replicas
+# (`placement_overrides`). `x2`: two replicas share each generator GPU, each with up to 40% of
+# its memory (one vLLM loop keeps an H100 about half busy at 0.6B).
 PLACEMENTS = {
-    "1gpu": (1, 1, 1, True),
-    "2gpu-colocated": (2, 2, 2, True),
-    "2gpu-disaggregated": (2, 1, 1, False),
-    "4gpu-colocated": (4, 4, 4, True),
-    "4gpu-disaggregated": (4, 2, 2, False),
+    "1gpu": (1, 1, 1, 1, True),
+    "1gpu-x2": (1, 1, 2, 2, True),
+    "2gpu-colocated": (2, 2, 2, 1, True),
+    "2gpu-colocated-x2": (2, 2, 4, 2, True),
+    "2gpu-disaggregated": (2, 1, 1, 1, False),
+    "2gpu-disaggregated-x2": (2, 1, 2, 2, False),
+    "4gpu-colocated": (4, 4, 4, 1, True),
+    "4gpu-disaggregated": (4, 2, 2, 1, False),
+    "4gpu-disaggregated-x2": (4, 2, 4, 2, False),
 }
 
 
 def placement_overrides(name: str, step_prompts: int, variant: list[str]) -> tuple[int, list[str]]:
     """The GPUs and overrides of placement `name`: every replica generates its share of each
     step's prompts, in as many rollout threads as the variant gives one generator."""
-    gpus, procs, replicas, colocate = PLACEMENTS[name]
+    gpus, procs, replicas, per_gpu, colocate = PLACEMENTS[name]
     threads = next((int(o.split("=")[1]) for o in variant if o.startswith("rollout.threads=")), 2)
+    shared = [f"generator.replicas_per_gpu={per_gpu}", "generator.vllm.gpu_memory_utilization=0.4"]
     return gpus, [
         f"provisioner.colocate={str(colocate).lower()}",
         f"trainer.procs={procs}",
         f"generator.replicas={replicas}",
         f"rollout.prompts_per_step={step_prompts // replicas}",
         f"rollout.threads={threads * replicas}",
+        *(shared if per_gpu > 1 else []),
     ]
 
 

@@ -42,6 +42,35 @@ def test_disaggregated_generators_take_the_gpus_after_the_trainer():
     assert "unused: GPU 3" in plan.describe()
 
 
+def test_replicas_share_a_gpu_when_asked_and_their_memory_shares_add_up():
+    apart = PlacementRequest(
+        trainer_procs=1, generator_replicas=3, generator_replicas_per_gpu=2, colocate=False
+    )
+    assert slots(plan_gpus(apart, Machine(3))) == ([0], [[1], [1], [2]])
+    two_by_two = PlacementRequest(
+        trainer_procs=2,
+        generator_replicas=4,
+        generator_replicas_per_gpu=2,
+        colocate=True,
+        generator_share=0.2,
+    )
+    assert slots(plan_gpus(two_by_two, Machine(2, memory_gib=80))) == ([0, 1], [[0], [0], [1], [1]])
+    with pytest.raises(PlacementError, match=r"= 3 GPUs"):
+        plan_gpus(apart, Machine(2))
+    crowded = PlacementRequest(
+        trainer_procs=1,
+        generator_replicas=2,
+        generator_replicas_per_gpu=2,
+        colocate=False,
+        generator_share=0.6,
+    )
+    with pytest.raises(
+        PlacementError,
+        match=r"GPU 1 \(80 GiB\).*0.6 for each of 2 replicas.*\(96.0 GiB\).*lower generator.replicas_per_gpu",
+    ):
+        plan_gpus(crowded, Machine(2, memory_gib=80))
+
+
 def test_disaggregated_reward_models_with_gpus_of_their_own_come_last():
     request = PlacementRequest(trainer_procs=1, generator_replicas=2, colocate=False, own_gpus={"judge": 1})
     plan = plan_gpus(request, Machine(4))

@@ -74,6 +74,11 @@ class GeneratorConfig(ForgeConfigModel):
     # More than 1 runs the generators as a service: a replica that dies is replaced, and the
     # replacement loads the newest published weights before it serves.
     replicas: int = Field(1, ge=1)
+    # Replicas that share each generator GPU (each a process of its own). vLLM's loop runs on
+    # one host thread: at 0.6B with 512 sequences it keeps an H100 only about half busy
+    # (bench/RESULTS.md, issue 28), so two replicas of a small model fill one GPU better than
+    # one. Their memory shares (generator.vllm.gpu_memory_utilization) must fit the GPU together.
+    replicas_per_gpu: int = Field(1, ge=1)
     # How new weights reach this generator (forge.weight_sync): auto is cuda_ipc when the run
     # has GPUs, shm on CPU (trainer and generator on one host), store across hosts.
     weight_transport: Literal["auto", "store", "cuda_ipc", "shm"] = "auto"

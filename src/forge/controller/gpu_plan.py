@@ -3,10 +3,11 @@ before any process starts, and printed at start-up.
 
 Two modes (`provisioner.colocate`):
 - colocated: the trainer's ranks on GPUs 0..P-1 and the generator's replicas beside them,
-  replica i on GPUs i*tp .. (i+1)*tp-1 (tp: its vLLM tensor-parallel size), so each GPU holds a
-  trainer rank and one generator replica, or its share of one with TP;
-- disaggregated: the trainer on GPUs 0..P-1, the replicas on the GPUs after them, then the
-  GPUs of reward models that have their own.
+  replica i on GPUs g*tp .. (g+1)*tp-1 with g = i // k (tp: its vLLM tensor-parallel size, k:
+  `generator.replicas_per_gpu`), so each GPU holds a trainer rank and k generator replicas,
+  or their share of them with TP;
+- disaggregated: the trainer on GPUs 0..P-1, the replicas on the GPUs after them (k to a
+  GPU, as above), then the GPUs of reward models that have their own.
 
 The reference model takes the trainer's GPUs (it has the trainer's processes and sharding).
 A plan that cannot work is refused naming the config keys: too few GPUs, a tensor-parallel
@@ -71,6 +72,8 @@ class PlacementRequest:
     generator_replicas: int
     colocate: bool
     generator_tp: int = 1
+    # Replicas that share each generator GPU (generator.replicas_per_gpu).
+    generator_replicas_per_gpu: int = 1
     # The share of a GPU vLLM reserves (generator.vllm.gpu_memory_utilization); 0: not vLLM.
     generator_share: float = 0.0
     # The trainer's weights, gradients and optimizer state (and the reference model's weights)
@@ -131,8 +134,11 @@ def plan_gpus(request: PlacementRequest, machine: Machine) -> GpuPlan:
             f"trainer.procs ({r.trainer_procs}) needs a GPU per rank, and this machine has {machine.gpus} "
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): lower trainer.procs"
         )
-    generator_gpus = r.generator_replicas * r.generator_tp
+    per_gpu = r.generator_replicas_per_gpu
+    generator_gpus = -(-r.generator_replicas // per_gpu) * r.generator_tp
     replicas = f"generator.replicas ({r.generator_replicas}) x generator.vllm.tensor_parallel_size ({r.generator_tp})"
+    if per_gpu > 1:
+        replicas = f"{replicas} / generator.replicas_per_gpu ({per_gpu}), rounded up,"
     trainer = list(range(r.trainer_procs))
     if r.colocate:
         if generator_gpus > machine.gpus:
@@ -152,7 +158,7 @@ def plan_gpus(request: PlacementRequest, machine: Machine) -> GpuPlan:
             )
         first = r.trainer_procs
     generators = [
-        list(range(first + i * r.generator_tp, first + (i + 1) * r.generator_tp))
+        list(range(first + i // per_gpu * r.generator_tp, first + (i // per_gpu + 1) * r.generator_tp))
         for i in range(r.generator_replicas)
     ]
     own_gpus = {}
@@ -186,19 +192,26 @@ def _check_memory(r: PlacementRequest, plan: GpuPlan) -> None:
     if memory is None:
         return
     for gpu in range(plan.machine.gpus):
-        # At most one replica per GPU (the plan never stacks them).
-        shares = r.generator_share if any(gpu in slot for slot in plan.slots[GENERATOR_GROUP]) else 0.0
+        replicas_here = sum(gpu in slot for slot in plan.slots[GENERATOR_GROUP])
+        shares = r.generator_share * replicas_here
         on_trainer = gpu in plan.slots[TRAINER_GROUP][0]
         trainer_gib = (r.trainer_gib or 0.0) if on_trainer else 0.0
         if trainer_gib + shares * memory > memory:
             parts = [f"the trainer's weights, gradients and optimizer state (~{trainer_gib:.1f} GiB)"]
             if shares:
+                each = (
+                    f" for each of {replicas_here} replicas (generator.replicas_per_gpu)"
+                    if replicas_here > 1
+                    else ""
+                )
                 parts.append(
-                    f"vLLM's generator.vllm.gpu_memory_utilization {r.generator_share} ({shares * memory:.1f} GiB)"
+                    f"vLLM's generator.vllm.gpu_memory_utilization {r.generator_share}{each} ({shares * memory:.1f} GiB)"
                 )
             advice = ["raise trainer.procs (FSDP shards that state)"]
             if shares:
                 advice.insert(0, "lower generator.vllm.gpu_memory_utilization")
+                if replicas_here > 1:
+                    advice.insert(1, "lower generator.replicas_per_gpu")
                 if plan.colocate:
                     advice.append("set provisioner.colocate=false")
             raise PlacementError(

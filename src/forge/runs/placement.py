@@ -43,6 +43,7 @@ def placement_request(cfg: GRPOConfig, settings: dict[str, Any]) -> PlacementReq
         generator_replicas=cfg.generator.replicas,
         colocate=cfg.provisioner.colocate,
         generator_tp=cfg.generator.vllm.tensor_parallel_size,
+        generator_replicas_per_gpu=cfg.generator.replicas_per_gpu,
         generator_share=cfg.generator.vllm.gpu_memory_utilization if vllm else 0.0,
         trainer_gib=trainer_state_gib(cfg, settings) if cfg.trainer.enabled else None,
         attention_heads=(settings["num_attention_heads"], settings["num_key_value_heads"]),

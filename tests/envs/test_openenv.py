@@ -123,7 +123,9 @@ def test_another_observation_field_shown_as_json(url):
 def test_concurrent_trajectories_keep_their_own_sessions(url):
     """Through forge's own LocalEnvironments, as a GRPO run builds it from its config."""
     envs = LocalEnvironments(
-        "forge.envs.openenv:OpenEnvEnvironment", {"base_url": url, "reset_fields": ["target"]}
+        "forge.envs.openenv:OpenEnvEnvironment",
+        {"base_url": url, "reset_fields": ["target"]},
+        step_timeout_s=60,
     )
 
     async def run():
@@ -202,7 +204,9 @@ def test_bad_params_are_refused_at_construction(params, match):
 
 def test_failures_reach_local_environments_as_env_failures():
     envs = LocalEnvironments(
-        "forge.envs.openenv:OpenEnvEnvironment", {"base_url": f"http://127.0.0.1:{free_port()}"}
+        "forge.envs.openenv:OpenEnvEnvironment",
+        {"base_url": f"http://127.0.0.1:{free_port()}"},
+        step_timeout_s=60,
     )
     [failure] = asyncio.run(envs.reset(["a"], [{"prompt": "hi"}]))
     assert isinstance(failure, EnvFailure) and "cannot reach an OpenEnv server" in failure.message

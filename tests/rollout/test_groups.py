@@ -122,7 +122,7 @@ def rollout(generate, max_tokens=5, limits=TrajectoryLimits(max_turns=6, max_tok
             generate=generate,
             renderer=renderer,
             max_tokens=max_tokens,
-            envs=LocalEnvironments(env),
+            envs=LocalEnvironments(env, step_timeout_s=60),
             limits=limits,
         )
     )

@@ -21,11 +21,18 @@ class EnvConfig(ForgeConfigModel):
     # dropped from the batch after its group's advantages are computed (counted either way, in
     # rollout/truncated and rollout/truncated_dropped).
     on_truncation: Literal["train", "drop"] = "train"
-    # Environment actors; more than 1 runs them as a service (a replica that dies is replaced,
-    # and the groups it held are counted in rollout/groups_failed).
+    # Environment actors, run as a service: a replica that dies, or hangs past a call's
+    # deadline, is replaced, and the trajectories it held fail (and are rerun, see retries).
     replicas: int = Field(1, ge=1)
+    # Seconds each reset, step or close of one trajectory's environment may take; one past it
+    # fails its trajectory (counted in rollout/env_timeouts).
+    step_timeout_s: float = Field(180.0, gt=0)
+    # Reruns, from reset, of a trajectory whose environment failed (raised, timed out, or was lost
+    # with its replica), counted in rollout/env_retries; a trajectory that fails them all drops its
+    # group (rollout/env_failures).
+    retries: int = Field(1, ge=0)
 
     def limits(self, seq_len: int):
         from forge.rollout.groups import TrajectoryLimits
 
-        return TrajectoryLimits(self.max_turns, self.max_tokens or seq_len)
+        return TrajectoryLimits(self.max_turns, self.max_tokens or seq_len, self.retries)

@@ -13,7 +13,7 @@ import torch
 
 from forge.actors.advantages import ComputeAdvantages
 from forge.actors.dataset import DatasetActor
-from forge.actors.environment import EnvironmentActor
+from forge.actors.environment import ActorEnvironments, EnvironmentActor
 from forge.actors.generator import Generator
 from forge.actors.reference import ReferenceModel
 from forge.actors.replay_buffer import ReplayBuffer
@@ -57,12 +57,15 @@ async def launch_generator(cfg: GRPOConfig, gpus: bool, transport: str) -> Any:
     return await generators.as_actor(generator_cfg)
 
 
-async def launch_environments(cfg: GRPOConfig) -> Any | None:
+async def launch_environments(cfg: GRPOConfig) -> ActorEnvironments | None:
     if cfg.env is None:
         return None
-    env_actors = EnvironmentActor.options(num_replicas=cfg.env.replicas)
-    launch = env_actors.as_service if cfg.env.replicas > 1 else env_actors.as_actor
-    return await launch(cfg.env.name, cfg.env.params)
+    # A service even with one replica: an environment that crashes or blocks its process is
+    # replaced, where a lone actor's death or hang would stop the run.
+    service = await EnvironmentActor.options(num_replicas=cfg.env.replicas).as_service(
+        cfg.env.name, cfg.env.params, cfg.env.step_timeout_s
+    )
+    return ActorEnvironments(service, cfg.env.step_timeout_s)
 
 
 async def launch_trainer(cfg: GRPOConfig, gpus: bool, transport: str) -> Any | None:

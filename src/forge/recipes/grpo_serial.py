@@ -42,6 +42,7 @@ from forge.rewards.scorer import RewardScorer
 from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses import loss_from_config
+from forge.rollout.env_failures import EnvFailures
 from forge.rollout.eval import score_answers
 from forge.rollout.groups import OneTurn, run_groups
 from forge.rollout.scores import score_trajectories
@@ -72,7 +73,12 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
     renderer = TurnRenderer(
         PromptRenderer(tokenizer, cfg.dataset.chat_template), cfg.generator.sampling.stop_token_ids
     )
-    envs = LocalEnvironments(cfg.env.name, cfg.env.params) if cfg.env is not None else OneTurn()
+    envs = (
+        LocalEnvironments(cfg.env.name, cfg.env.params, step_timeout_s=cfg.env.step_timeout_s)
+        if cfg.env is not None
+        else OneTurn()
+    )
+    env_failures = EnvFailures()  # the run's: a kind of failure is logged in full once
     drop_truncated = cfg.env is not None and cfg.env.on_truncation == "drop"
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
     loss_fn = loss_from_config(cfg.trainer.loss)
@@ -116,6 +122,7 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
                 max_tokens=max_tokens,
                 envs=envs,
                 limits=cfg.trajectory_limits,
+                failures=env_failures,
                 **sampling,
             )
         )

@@ -20,6 +20,15 @@ Limits: ``max_turns`` model turns, and a budget of ``max_tokens`` for the whole 
 environment would go on is marked ``truncated``. Sampling is seeded per trajectory: turn 1 by
 the row's sample key and the sample's index (as single-turn GRPO), later turns by
 ``sample_seed(key, index, turn)``.
+
+Failures: an environment call that fails (``EnvFailure``: it raised, missed its deadline, or
+its environment was lost with a replica) ends its trajectory. Once every trajectory is done,
+the failed ones are rerun from ``reset`` (``retries`` times at most; fresh trajectory ids, the
+first turn sampled with n=1 per rerun, each from a random stream of its own), so that a flaky
+tool costs an episode, not a group; a trajectory that fails every time drops its group. The
+environments of a failed attempt are closed before the rerun, and every other one at the end,
+also when the rollout is cancelled (each call has a deadline). Failures are counted and logged
+by ``forge.rollout.env_failures``.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from forge.envs.base import EnvStep
 from forge.envs.sessions import EnvFailure, Opening
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
+from forge.rollout.env_failures import EnvFailures
 from forge.rollout.trajectories import Trajectory
 
 # generate(prompt_ids, sample_keys, n=..., max_tokens=..., **sampling) -> n completions per prompt
@@ -48,7 +58,7 @@ class EnvSessions(Protocol):
 
     async def reset(self, ids: list[str], rows: list[dict]) -> list[Opening | EnvFailure]: ...
     async def step(self, ids: list[str], texts: list[str]) -> list[EnvStep | EnvFailure]: ...
-    async def close(self, ids: list[str]) -> None: ...
+    async def close(self, ids: list[str]) -> list[EnvFailure]: ...
 
 
 class OneTurn:
@@ -62,14 +72,18 @@ class OneTurn:
     async def step(self, ids: list[str], texts: list[str]) -> list[EnvStep | EnvFailure]:
         return [EnvStep(done=True) for _ in ids]
 
-    async def close(self, ids: list[str]) -> None:
-        pass
+    async def close(self, ids: list[str]) -> list[EnvFailure]:
+        return []
 
 
 @dataclass(frozen=True)
 class TrajectoryLimits:
     max_turns: int = 1
     max_tokens: int | None = None  # prompt + all turns; None: no budget
+    retries: int = 0  # reruns of a trajectory whose environment failed (env.retries)
+
+
+Slot = tuple[int, int]  # (group, sample): the place of a trajectory in the groups
 
 
 async def run_groups(
@@ -82,53 +96,156 @@ async def run_groups(
     max_tokens: int,
     envs: EnvSessions = OneTurn(),
     limits: TrajectoryLimits = TrajectoryLimits(),
+    failures: EnvFailures | None = None,
     **sampling: Any,
 ) -> list[list[Completion] | None]:
-    """``group_size`` trajectories per row, as completions; None for a group whose environment
-    failed (counted in ``rollout/env_failures``). ``max_tokens`` bounds each model turn;
-    ``sampling`` overrides the generator's other sampling settings (e.g. temperature)."""
-    ids = [[f"{uuid.uuid4().hex}-{j}" for j in range(group_size)] for _ in rows]
-    flat_ids = [i for group in ids for i in group]
+    """``group_size`` trajectories per row, as completions; None for a group that lost a
+    trajectory to its environment after ``limits.retries`` reruns (counted in
+    ``rollout/env_failures``). ``max_tokens`` bounds each model turn; ``sampling`` overrides
+    the generator's other sampling settings (e.g. temperature). ``failures`` counts and logs the
+    environment's failures (None: a new one, for this call only)."""
+    failures = failures if failures is not None else EnvFailures()
+    run = _Run(rows, sample_keys, group_size, generate, renderer, envs, max_tokens, limits, sampling)
+    slots = [(g, j) for g in range(len(rows)) for j in range(group_size)]
     try:
-        prompts = await _openings(rows, ids, group_size, renderer, envs, limits)
-        groups = await _first_turn(prompts, sample_keys, group_size, generate, max_tokens, limits, sampling)
-        by_id = {
-            i: t
-            for group_ids, group in zip(ids, groups, strict=True)
-            if group
-            for i, t in zip(group_ids, group, strict=True)
-        }
-        await _continue(by_id, sample_keys, ids, generate, renderer, envs, max_tokens, limits, sampling)
+        for attempt in range(limits.retries + 1):
+            if attempt:
+                await run.close([run.ids[s] for s in slots])  # the failed attempt's environments
+                failures.retried(len(slots))
+            await run.attempt(slots, attempt)
+            if not (slots := run.failed(slots)):
+                break
     finally:
-        await envs.close(flat_ids)
+        await run.close(list(run.open))
+        failures.report(run.seen)
+    groups = [None if any(t is None or t.error for t in group) else group for group in run.trajectories]
+    if dropped := sum(group is None for group in groups):
+        failures.dropped(dropped)
     return _completions(groups, renderer.tokenizer, single_turn=isinstance(envs, OneTurn))
 
 
-async def _openings(rows, ids, group_size, renderer, envs, limits) -> list[RenderedPrompt | None]:
-    """Each row's prompt: the environment's opening, rendered (None: reset failed)."""
-    flat_rows = [row for row in rows for _ in range(group_size)]
-    openings = await envs.reset([i for group in ids for i in group], flat_rows)
-    prompts = []
-    for g in range(len(rows)):
-        group = openings[g * group_size : (g + 1) * group_size]
-        if any(isinstance(o, EnvFailure) for o in group):
-            record_metric("rollout/env_failures", 1, Reduce.SUM)
-            prompts.append(None)
-            continue
-        if any((o.messages, o.tools) != (group[0].messages, group[0].tools) for o in group):
+class _Run:
+    """The trajectories of one ``run_groups`` call, attempt by attempt. Attempt 0 opens every
+    slot and samples each row's first turns in one call (``group_size`` samples of its prompt,
+    sample j seeded by the row's key and j); a rerun opens only the slots that failed, each
+    with a fresh trajectory id and a random stream of its own (``sample_seed(key, j,
+    -attempt)``: later turns use positive numbers)."""
+
+    def __init__(self, rows, sample_keys, group_size, generate, renderer, envs, max_tokens, limits, sampling):
+        self.rows, self.sample_keys, self.group_size = rows, sample_keys, group_size
+        self.generate, self.renderer, self.envs = generate, renderer, envs
+        self.max_tokens, self.limits, self.sampling = max_tokens, limits, sampling
+        self.trajectories: list[list[Trajectory | None]] = [[None] * group_size for _ in rows]
+        self.ids: dict[Slot, str] = {}  # each slot's latest trajectory id
+        self.open: set[str] = set()  # ids reset and not closed yet
+        self.seen: list[EnvFailure] = []  # every failure of the environment, for the log
+        self._openings: list[Opening | None] = [None] * len(rows)  # each row's first opening
+        self._prompts: list[RenderedPrompt | None] = [None] * len(rows)
+
+    async def attempt(self, slots: list[Slot], attempt: int) -> None:
+        for g, j in slots:
+            self.ids[g, j] = f"{uuid.uuid4().hex}-{j}"
+            self.trajectories[g][j] = None
+        ids = [self.ids[s] for s in slots]
+        self.open.update(ids)
+        openings = await self.envs.reset(ids, [self.rows[g] for g, _ in slots])
+        opened = [s for s, o in zip(slots, openings, strict=True) if self._opened(s, o)]
+        streams = await self._first_turn(opened, attempt)
+        by_id = {self.ids[g, j]: self.trajectories[g][j] for g, j in opened}
+        await self._continue(by_id, {self.ids[s]: streams[s] for s in opened} if streams else None)
+
+    def failed(self, slots: list[Slot]) -> list[Slot]:
+        return [(g, j) for g, j in slots if (t := self.trajectories[g][j]) is None or t.error]
+
+    async def close(self, ids: list[str]) -> None:
+        self.open.difference_update(ids)
+        if ids:
+            self.seen += await self.envs.close(ids)
+
+    def _opened(self, slot: Slot, opening: Opening | EnvFailure) -> bool:
+        """Whether the slot's environment opened; the first opening of a row is its prompt."""
+        g, _ = slot
+        if isinstance(opening, EnvFailure):
+            self.seen.append(opening)
+            return False
+        first = self._openings[g]
+        if first is None:
+            self._openings[g] = opening
+            self._prompts[g] = self._render(self.rows[g], opening)
+        elif (opening.messages, opening.tools) != (first.messages, first.tools):
             raise ValueError(
                 "env.reset() opened the trajectories of one dataset row with different messages: "
                 "GRPO compares samples of one prompt, so reset must depend on the row only"
             )
-        prompts.append(renderer.prompts.render(group[0].messages, group[0].tools))
-    for row, prompt in zip(rows, prompts, strict=True):
-        if prompt is not None and limits.max_tokens is not None and len(prompt.ids) >= limits.max_tokens:
+        return True
+
+    def _render(self, row: dict, opening: Opening) -> RenderedPrompt:
+        prompt = self.renderer.prompts.render(opening.messages, opening.tools)
+        if self.limits.max_tokens is not None and len(prompt.ids) >= self.limits.max_tokens:
             raise ValueError(
                 f"the opening prompt of row {row.get('index', '?')} is {len(prompt.ids)} tokens, which "
-                f"leaves no room in the trajectory's budget of {limits.max_tokens} tokens "
+                f"leaves no room in the trajectory's budget of {self.limits.max_tokens} tokens "
                 "(env.max_tokens, the trainer's seq_len by default)"
             )
-    return prompts
+        return prompt
+
+    async def _first_turn(self, opened: list[Slot], attempt: int) -> dict[Slot, tuple[int, int]] | None:
+        """Samples the first turn of the opened slots; returns each one's random stream (the key
+        and sample index that seed its later turns; None: unseeded)."""
+        if attempt == 0:
+            # One call for every row with an opened slot, group_size samples of its prompt; the
+            # samples of slots that did not open are not used (those slots are rerun).
+            groups = sorted({g for g, _ in opened})
+            keys = [self.sample_keys[g] for g in groups] if self.sample_keys is not None else None
+            streams = {(g, j): (self.sample_keys[g], j) for g, j in opened} if keys is not None else None
+            n = self.group_size
+        else:
+            groups = [g for g, _ in opened]
+            streams = None
+            if self.sample_keys is not None:
+                streams = {(g, j): (sample_seed(self.sample_keys[g], j, -attempt), 0) for g, j in opened}
+            keys = [streams[s][0] for s in opened] if streams is not None else None
+            n = 1
+        if not groups:
+            return streams
+        starts = [Trajectory(self._prompts[g]) for g in groups]
+        outputs = await self.generate(
+            [self._prompts[g].ids for g in groups],
+            keys,
+            n=n,
+            max_tokens=_turn_budget(starts, self.max_tokens, self.limits),
+            **self.sampling,
+        )
+        samples = dict(zip(groups, outputs, strict=True)) if attempt == 0 else None
+        for k, (g, j) in enumerate(opened):
+            sample = samples[g][j] if samples is not None else outputs[k][0]
+            trajectory = self.trajectories[g][j] = Trajectory(self._prompts[g])
+            trajectory.add_model_turn(sample)
+            _fit(trajectory, self.limits)
+        return streams
+
+    async def _continue(self, by_id: dict[str, Trajectory], streams: dict[str, tuple[int, int]] | None):
+        """Environment turns and model turns alternate until every trajectory is done."""
+        while going := [i for i, t in by_id.items() if not t.done]:
+            steps = await self.envs.step(going, [by_id[i].last_model_text for i in going])
+            for i, step in zip(going, steps, strict=True):
+                if isinstance(step, EnvFailure):
+                    self.seen.append(step)
+                _apply_step(by_id[i], step, self.renderer, self.limits)
+            going = [i for i in going if not by_id[i].done]
+            if not going:
+                break
+            turn = by_id[going[0]].model_turns + 1
+            outputs = await self.generate(
+                [by_id[i].ids for i in going],
+                [sample_seed(*streams[i], turn) for i in going] if streams is not None else None,
+                n=1,
+                max_tokens=_turn_budget([by_id[i] for i in going], self.max_tokens, self.limits),
+                **self.sampling,
+            )
+            for i, [sample] in zip(going, outputs, strict=True):
+                by_id[i].add_model_turn(sample)
+                _fit(by_id[i], self.limits)
 
 
 def _turn_budget(trajectories: Sequence[Trajectory], max_tokens: int, limits: TrajectoryLimits) -> int:
@@ -142,54 +259,6 @@ def _turn_budget(trajectories: Sequence[Trajectory], max_tokens: int, limits: Tr
 def _fit(trajectory: Trajectory, limits: TrajectoryLimits) -> None:
     if limits.max_tokens is not None and len(trajectory.ids) > limits.max_tokens:
         trajectory.cut(limits.max_tokens)
-
-
-async def _first_turn(prompts, sample_keys, group_size, generate, max_tokens, limits, sampling):
-    live = [g for g, p in enumerate(prompts) if p is not None]
-    groups: list[list[Trajectory] | None] = [None] * len(prompts)
-    if not live:
-        return groups
-    starts = [Trajectory(prompts[g]) for g in live]
-    outputs = await generate(
-        [prompts[g].ids for g in live],
-        [sample_keys[g] for g in live] if sample_keys is not None else None,
-        n=group_size,
-        max_tokens=_turn_budget(starts, max_tokens, limits),
-        **sampling,
-    )
-    for g, samples in zip(live, outputs, strict=True):
-        groups[g] = []
-        for sample in samples:
-            trajectory = Trajectory(prompts[g])
-            trajectory.add_model_turn(sample)
-            _fit(trajectory, limits)
-            groups[g].append(trajectory)
-    return groups
-
-
-async def _continue(by_id, sample_keys, ids, generate, renderer, envs, max_tokens, limits, sampling):
-    """Environment turns and model turns alternate until every trajectory is done."""
-    keys = {}  # trajectory id -> (row's sample key, sample index), for seeding later turns
-    if sample_keys is not None:
-        keys = {i: (key, j) for key, group in zip(sample_keys, ids, strict=True) for j, i in enumerate(group)}
-    while going := [i for i, t in by_id.items() if not t.done]:
-        steps = await envs.step(going, [by_id[i].last_model_text for i in going])
-        for i, step in zip(going, steps, strict=True):
-            _apply_step(by_id[i], step, renderer, limits)
-        going = [i for i in going if not by_id[i].done]
-        if not going:
-            break
-        turn = by_id[going[0]].model_turns + 1
-        outputs = await generate(
-            [by_id[i].ids for i in going],
-            [sample_seed(*keys[i], turn) for i in going] if keys else None,
-            n=1,
-            max_tokens=_turn_budget([by_id[i] for i in going], max_tokens, limits),
-            **sampling,
-        )
-        for i, [sample] in zip(going, outputs, strict=True):
-            by_id[i].add_model_turn(sample)
-            _fit(by_id[i], limits)
 
 
 def _apply_step(trajectory: Trajectory, step, renderer: TurnRenderer, limits: TrajectoryLimits) -> None:
@@ -213,9 +282,7 @@ def _apply_step(trajectory: Trajectory, step, renderer: TurnRenderer, limits: Tr
 def _completions(groups, tokenizer, single_turn: bool) -> list[list[Completion] | None]:
     out = []
     for group in groups:
-        if group is None or any(t.error for t in group):
-            if group is not None:
-                record_metric("rollout/env_failures", 1, Reduce.SUM)
+        if group is None:
             out.append(None)
             continue
         out.append([t.to_completion(tokenizer, single_turn) for t in group])

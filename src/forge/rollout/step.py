@@ -2,7 +2,9 @@
 
 Kept out of the app so that other recipes (and users' environments) can reuse it; every
 call goes to one replica of an actor handle, lone actor or service (`route`), and the reference
-model's is answered by all its ranks (`forge.actors.reference.reference_logprobs`).
+model's is answered by all its ranks (`forge.actors.reference.reference_logprobs`). The
+environment's failures are counted since the start in `Rollouts.env_failures`
+(`forge.rollout.env_failures`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from forge.data.types import Completion, Episode
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
 from forge.rl.advantage import has_signal
+from forge.rollout.env_failures import EnvFailures
 from forge.rollout.groups import EnvSessions, OneTurn, TrajectoryLimits, run_groups
 from forge.rollout.records import RolloutRecorder
 from forge.rollout.scores import score_trajectories
@@ -32,18 +35,19 @@ from forge.rollout.scores import score_trajectories
 @dataclass
 class Rollouts:
     """How dataset rows become groups of trajectories (``forge.rollout.groups``): the generator
-    (actor or service), the chat template, and the environment actor (or service; None: the
-    built-in ``OneTurn``, one turn per prompt). ``max_tokens`` bounds each model turn
+    (actor or service), the chat template, and the environment actors (None: the built-in
+    ``OneTurn``, one turn per prompt). ``max_tokens`` bounds each model turn
     (``generator.sampling.max_tokens``); each generate call must answer within ``deadline`` for
     the tokens it may sample."""
 
     generator: Any
     renderer: TurnRenderer
     max_tokens: int
-    envs: Any | None = None
+    envs: ActorEnvironments | None = None
     limits: TrajectoryLimits = TrajectoryLimits()
     drop_truncated: bool = False
     deadline: CallDeadline = field(default_factory=CallDeadline)
+    env_failures: EnvFailures = field(default_factory=EnvFailures)
 
     async def groups(
         self,
@@ -76,6 +80,7 @@ class Rollouts:
                 max_tokens=max_tokens or self.max_tokens,
                 envs=envs,
                 limits=self.limits,
+                failures=self.env_failures,
                 **sampling,
             )
 
@@ -83,7 +88,7 @@ class Rollouts:
             return await run(OneTurn())
         # A rollout's trajectories stay on one environment replica: it holds their state.
         async with self.envs.session():
-            return await run(ActorEnvironments(self.envs))
+            return await run(self.envs)
 
 
 async def score_groups(

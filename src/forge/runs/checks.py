@@ -32,7 +32,7 @@ def check_run_inputs(cfg: GRPOConfig) -> None:
         # come from reset, are measured against env.max_tokens as trajectories start).
         from forge.envs.sessions import LocalEnvironments
 
-        LocalEnvironments(cfg.env.name, cfg.env.params)
+        LocalEnvironments(cfg.env.name, cfg.env.params, step_timeout_s=cfg.env.step_timeout_s)
     check_eval_set(evaluation, cfg.eval.every)
     check_reward_models(cfg.reward.models)
     check_output_dirs(cfg)  # last: it creates output_dir, which a refused run should not leave

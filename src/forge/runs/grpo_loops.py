@@ -190,6 +190,8 @@ class GRPOLoops:
             self.actors.reward,
             cfg.replay_buffer,
             self.actors.reward_models,
+            cfg.env,
+            self.actors.rollouts.env_failures,
         )
         display = ProgressDisplay(cfg.max_steps, desc="grpo", initial=progress.step)
         if progress.step == 0 and cfg.eval.every:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from forge.envs.config import EnvConfig
 from forge.observability import Reduce, record_metric
+from forge.rollout.env_failures import EnvFailures
 from forge.rollout.step import RolloutCounts
 from forge.runs.errors import RunStopped
 
@@ -45,12 +47,19 @@ async def wait_for_batch(batch: Awaitable, timeout_s: float, explain: Callable[[
 
 
 async def starvation_report(
-    rollouts: RolloutCounts, replay_buffer, reward, buffer_config, reward_models=None
+    rollouts: RolloutCounts,
+    replay_buffer,
+    reward,
+    buffer_config,
+    reward_models=None,
+    env: EnvConfig | None = None,
+    env_failures: EnvFailures | None = None,
 ) -> str:
     """Counts since the start that explain a starving trainer (`buffer_config`: a
     `ReplayBufferConfig`). Reward errors and timeouts are every source's: the reward actor's
     functions and server, and the reward models (`forge.rewards.models.RewardModels`,
-    called from this process)."""
+    called from this process). With `env`, the environment's failures (`env_failures`) are
+    named, and said to explain the starvation when they dropped as many groups as were kept."""
     max_policy_age, batch_size = buffer_config.max_policy_age, buffer_config.batch_size
     buffer = await replay_buffer.counts.route()
     rewards = await reward.counts.route()
@@ -59,8 +68,23 @@ async def starvation_report(
     return (
         f"Since the start: {rollouts.groups} groups generated, {rollouts.groups_skipped} skipped for no "
         f"signal (all rewards of the group equal; see rollout.skip_groups_without_signal), "
-        f"{rollouts.groups_failed} lost with a failed generator; {buffer['added']} episodes added to the "
-        f"buffer, {buffer['evicted_stale']} evicted as stale (older than replay_buffer.max_policy_age="
-        f"{max_policy_age}), {buffer['sampled']} trained on, {buffer['held']} held (a batch needs "
-        f"{batch_size}); reward errors {rewards['errors']}, reward timeouts {rewards['timeouts']}."
+        f"{rollouts.groups_failed} lost with a failed generator or environment; {buffer['added']} episodes "
+        f"added to the buffer, {buffer['evicted_stale']} evicted as stale (older than "
+        f"replay_buffer.max_policy_age={max_policy_age}), {buffer['sampled']} trained on, {buffer['held']} "
+        f"held (a batch needs {batch_size}); reward errors {rewards['errors']}, reward timeouts "
+        f"{rewards['timeouts']}.{_environment_report(rollouts, env, env_failures)}"
+    )
+
+
+def _environment_report(rollouts: RolloutCounts, env: EnvConfig | None, failures: EnvFailures | None) -> str:
+    if env is None or failures is None:
+        return ""
+    dropped = failures.groups_dropped
+    cause = ""
+    if dropped and dropped >= rollouts.groups:
+        cause = " The environment's failures explain the starvation (the first of each kind is in the log)."
+    return (
+        f" Environment {env.name}: {dropped} groups dropped for its failures, {failures.timeouts} calls past "
+        f"env.step_timeout_s={env.step_timeout_s:g} s, {failures.retries} trajectories rerun "
+        f"(env.retries={env.retries}).{cause}"
     )

@@ -192,37 +192,40 @@ class _Run:
     async def _first_turn(self, opened: list[Slot], attempt: int) -> dict[Slot, tuple[int, int]] | None:
         """Samples the first turn of the opened slots; returns each one's random stream (the key
         and sample index that seed its later turns; None: unseeded)."""
+        seeded = self.sample_keys is not None
         if attempt == 0:
-            # One call for every row with an opened slot, group_size samples of its prompt; the
-            # samples of slots that did not open are not used (those slots are rerun).
-            groups = sorted({g for g, _ in opened})
-            keys = [self.sample_keys[g] for g in groups] if self.sample_keys is not None else None
-            streams = {(g, j): (self.sample_keys[g], j) for g, j in opened} if keys is not None else None
-            n = self.group_size
+            # One call, group_size samples of the prompt of each row with a slot opened; the
+            # samples of the slots that did not open go unused (those slots are rerun).
+            streams = {(g, j): (self.sample_keys[g], j) for g, j in opened} if seeded else None
+            rows = sorted({g for g, _ in opened})
+            keys = [self.sample_keys[g] for g in rows] if seeded else None
+            outputs = await self._sample([self._prompts[g] for g in rows], keys, self.group_size)
+            by_row = dict(zip(rows, outputs, strict=True))
+            samples = [by_row[g][j] for g, j in opened]
         else:
-            groups = [g for g, _ in opened]
+            # One sample of each rerun slot's prompt, from the slot's own stream.
             streams = None
-            if self.sample_keys is not None:
+            if seeded:
                 streams = {(g, j): (sample_seed(self.sample_keys[g], j, -attempt), 0) for g, j in opened}
-            keys = [streams[s][0] for s in opened] if streams is not None else None
-            n = 1
-        if not groups:
-            return streams
-        starts = [Trajectory(self._prompts[g]) for g in groups]
-        outputs = await self.generate(
-            [self._prompts[g].ids for g in groups],
-            keys,
-            n=n,
-            max_tokens=_turn_budget(starts, self.max_tokens, self.limits),
-            **self.sampling,
-        )
-        samples = dict(zip(groups, outputs, strict=True)) if attempt == 0 else None
-        for k, (g, j) in enumerate(opened):
-            sample = samples[g][j] if samples is not None else outputs[k][0]
+            keys = [streams[s][0] for s in opened] if seeded else None
+            outputs = await self._sample([self._prompts[g] for g, _ in opened], keys, 1)
+            samples = [sample for [sample] in outputs]
+        for (g, j), sample in zip(opened, samples, strict=True):
             trajectory = self.trajectories[g][j] = Trajectory(self._prompts[g])
             trajectory.add_model_turn(sample)
             _fit(trajectory, self.limits)
         return streams
+
+    async def _sample(self, prompts: list[RenderedPrompt], keys: list[int] | None, n: int):
+        if not prompts:
+            return []
+        return await self.generate(
+            [p.ids for p in prompts],
+            keys,
+            n=n,
+            max_tokens=_turn_budget([Trajectory(p) for p in prompts], self.max_tokens, self.limits),
+            **self.sampling,
+        )
 
     async def _continue(self, by_id: dict[str, Trajectory], streams: dict[str, tuple[int, int]] | None):
         """Environment turns and model turns alternate until every trajectory is done."""

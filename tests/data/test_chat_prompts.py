@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from forge.data import chat_prompts
 from forge.data.chat_prompts import PromptRenderer
-from forge.data.prompts import PromptDataConfig, load_prompt_rows
+from forge.data.prompts import PromptDataConfig, load_prompt_rows, with_origins
 from forge.data.tokenizer import EMBEDDED_ALPHABET, build_char_tokenizer, embedded_tokenizer
 
 # Role markers, one message a line, and the assistant's turn opened: every character is in the
@@ -58,6 +58,19 @@ def test_rows_hold_strings_or_messages_from_the_prompt_or_messages_column(tmp_pa
     sft_like = MESSAGES + [{"role": "assistant", "content": "3"}]
     both = write_jsonl(tmp_path / "b.jsonl", [{"prompt": "1+2=", "messages": sft_like, "target": "3"}])
     assert load(both) == [{"prompt": "1+2=", "target": "3"}]
+
+
+def test_the_rows_a_run_serves_name_their_file_and_row(tmp_path):
+    train = write_jsonl(
+        tmp_path / "t.jsonl", [{"prompt": "1+2=", "target": "3"}, {"prompt": "2+2=", "target": "4"}]
+    )
+    held_out = write_jsonl(tmp_path / "e.jsonl", [{"prompt": "3+2=", "target": "5"}])
+    cfg = PromptDataConfig(source="file", path=train, eval_path=held_out)
+    rows, evaluation = with_origins(cfg, *load_prompt_rows(cfg))
+    assert [r["origin"] for r in rows] == [f"dataset.path {train}, row 1", f"dataset.path {train}, row 2"]
+    assert evaluation == [{"prompt": "3+2=", "target": "5", "origin": f"dataset.eval_path {held_out}, row 1"}]
+    toy, _ = with_origins(PromptDataConfig(), *load_prompt_rows(PromptDataConfig()))
+    assert toy[1]["origin"] == "the toy_task training set, row 2"
 
 
 def test_a_file_without_a_prompt_or_messages_column_names_both_keys(tmp_path):

@@ -28,6 +28,7 @@ from forge.rl.batch import PolicyBatch
 from forge.rl.ops import compute_logprobs
 from forge.rollout.groups import TrajectoryLimits, run_groups
 from forge.rollout.step import without_truncated
+from forge.runs import RunStopped
 
 TOKENIZER = embedded_tokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -258,6 +259,45 @@ def test_an_environment_that_raises_loses_its_group_only(engine):
     groups = rollout(RecordingGenerate(engine), env=f"{__name__}:FailsOnSecondRow")
     assert groups[1] is None
     assert len(groups[0]) == 3 and all(c.turns is not None for c in groups[0])
+
+
+def test_an_opening_prompt_that_fills_the_budget_stops_the_run_naming_its_row():
+    async def generate(*args, **kwargs):
+        raise AssertionError("no turn is sampled for a prompt with no room")
+
+    rows = [{**r, "origin": f"dataset.path data/train.jsonl, row {i}"} for i, r in enumerate(ROWS, 1)]
+    renderer = TurnRenderer(PromptRenderer(TOKENIZER, "auto"))
+    # Row 1's opening fits with a token to spare; row 2's, longer, does not.
+    budget = len(renderer.prompts.render([{"role": "user", "content": ROWS[0]["prompt"]}]).ids) + 1
+    opens_longer = f"{__name__}:PrefixedOnSecondRow"
+    with pytest.raises(RunStopped) as stopped:
+        asyncio.run(
+            run_groups(
+                rows,
+                None,
+                group_size=2,
+                generate=generate,
+                renderer=renderer,
+                max_tokens=4,
+                envs=LocalEnvironments(opens_longer),
+                limits=TrajectoryLimits(max_turns=2, max_tokens=budget),
+            )
+        )
+    assert str(stopped.value).startswith(
+        "dataset.path data/train.jsonl, row 2: its opening prompt (env.reset) is"
+    )
+    assert f"no room in the trajectory's budget of {budget} tokens: raise env.max_tokens" in str(
+        stopped.value
+    )
+
+
+class PrefixedOnSecondRow(Environment):
+    async def reset(self, row):
+        prefix = "Please answer the following sum as briefly as you can: " if row["index"] == 9 else ""
+        return [{"role": "user", "content": prefix + row["prompt"]}]
+
+    async def step(self, text):
+        return EnvStep([], done=True)
 
 
 def test_one_turn_without_environment_is_what_the_engine_sampled(engine):

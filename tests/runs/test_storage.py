@@ -10,7 +10,7 @@ import pytest
 from forge.data.types import Completion
 from forge.observability.jsonl import JsonlAppender
 from forge.rollout.records import RolloutRecorder
-from forge.runs import RunStopped
+from forge.runs import ActorFailed, RunStopped
 from forge.runs.storage import check_writable_dir, stop_on_storage_errors
 
 FULL = "/dev/full"
@@ -51,13 +51,52 @@ def test_a_full_disk_stops_the_run_naming_the_file():
 @needs_dev_full
 def test_a_full_disk_under_the_rollout_recorder_is_raised_once():
     recorder = RolloutRecorder(FULL)
-    recorder.record_eval([Completion("1+1=", [1, 2], [3], [-0.5], "2", "stop", 0)], ["2"], [1.0])
+    recorder.record_eval(*_eval_answer())
     with (
         pytest.raises(RunStopped, match=f"cannot write {FULL}: No space left"),
         stop_on_storage_errors("runs/demo"),
     ):
         recorder.close()  # the background writer's failure, wrapped, is found by its cause
     recorder.close()  # raised once: the app's own close after the stop is quiet
+
+
+def _eval_answer() -> tuple[list[Completion], list[str], list[float]]:
+    return [Completion("1+1=", [1, 2], [3], [-0.5], "2", "stop", 0)], ["2"], [1.0]
+
+
+@needs_dev_full
+def test_a_full_disk_met_by_the_last_records_of_a_run_that_went_well_stops_it():
+    with (
+        pytest.raises(RunStopped, match=f"cannot write {FULL}: No space left"),
+        stop_on_storage_errors("runs/demo"),
+        RolloutRecorder(FULL) as recorder,
+    ):
+        recorder.record_eval(*_eval_answer())
+
+
+@needs_dev_full
+def test_the_recorder_closed_under_a_run_error_logs_its_own_and_keeps_that_error(caplog):
+    # As the GRPO run's recorder closes after a checkpoint's full disk stopped the run first
+    # (the fault-injection runs that ended in "writing rollout records ... failed").
+    with (
+        pytest.raises(ActorFailed, match="actor TitanTrainer died"),
+        stop_on_storage_errors("runs/demo"),
+        RolloutRecorder(FULL) as recorder,
+    ):
+        recorder.record_eval(*_eval_answer())
+        raise ActorFailed("actor TitanTrainer died: killed")
+    assert f"writing rollout records to {FULL} failed" in caplog.text
+    assert "No space left on device" in caplog.text
+
+
+@needs_dev_full
+def test_a_stop_raised_while_a_full_disk_is_handled_keeps_its_reason():
+    with pytest.raises(ActorFailed), stop_on_storage_errors("runs/demo"):
+        try:
+            with open(FULL, "wb", buffering=0) as f:
+                f.write(b"x")
+        except OSError:
+            raise ActorFailed("actor TitanTrainer died: killed") from None  # a restart may heal it
 
 
 @needs_dev_full

@@ -1,11 +1,12 @@
-"""DatasetActor: serves prompts and targets, with a cursor that is saved and restored."""
+"""DatasetActor: serves prompts and targets, each naming where it came from (its "origin"), with a
+cursor that is saved and restored."""
 
 from __future__ import annotations
 
 from monarch.actor import endpoint
 
 from forge.controller import ForgeActor
-from forge.data.prompts import PromptCursor, PromptDataConfig, Row, load_prompt_rows
+from forge.data.prompts import PromptCursor, PromptDataConfig, Row, load_prompt_rows, with_origins
 
 
 class DatasetActor(ForgeActor):
@@ -14,7 +15,7 @@ class DatasetActor(ForgeActor):
 
     @endpoint
     async def setup(self) -> None:
-        train, self.eval_rows = load_prompt_rows(self.cfg)
+        train, self.eval_rows = with_origins(self.cfg, *load_prompt_rows(self.cfg))
         self.cursor = PromptCursor(train, self.cfg.seed)
 
     @endpoint

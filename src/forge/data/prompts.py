@@ -23,7 +23,8 @@ from forge.data.toy_task import ToyTaskConfig, make_splits
 
 # {"prompt", "target"}, the prompt a string or chat messages; rows drawn from a cursor also
 # carry "index", their position in the cursor's endless stream (the generator's sample key:
-# see forge.actors.generator).
+# see forge.actors.generator), and the rows a run serves carry "origin", where each came from
+# (`with_origins`).
 Row = dict[str, Any]
 
 
@@ -114,6 +115,22 @@ def load_prompt_rows(cfg: PromptDataConfig) -> tuple[list[Row], list[Row]]:
     return [{"prompt": r["prompt"], "target": r["target"]} for r in train], [
         {"prompt": r["prompt"], "target": r["target"]} for r in evaluation
     ]
+
+
+def with_origins(
+    cfg: PromptDataConfig, train: list[Row], evaluation: list[Row]
+) -> tuple[list[Row], list[Row]]:
+    """The rows, each with its "origin": its set and its row there, which an error about that
+    row names (rows count from 1, in the set's order: a file's lines, as `check_prompt_lengths`
+    counts them)."""
+    if cfg.source == "file":
+        sets = (f"dataset.path {cfg.path}", f"dataset.eval_path {cfg.eval_path}")
+    else:
+        sets = (f"the {cfg.source} training set", f"the {cfg.source} eval set")
+    return tuple(
+        [{**row, "origin": f"{where}, row {number}"} for number, row in enumerate(rows, start=1)]
+        for where, rows in zip(sets, (train, evaluation), strict=True)
+    )
 
 
 class PromptCursor:

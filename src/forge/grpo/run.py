@@ -7,6 +7,7 @@ to `report`, which the app prints.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ from forge.runs.checks import check_no_earlier_metrics, check_run_inputs
 from forge.runs.grpo_loops import GRPOLoops
 from forge.runs.placement import grpo_gpu_plan
 from forge.runs.restarts import starts_afresh
+from forge.runs.storage import stop_on_storage_errors
 
 Report = Callable[[str], None]
 
@@ -59,20 +61,23 @@ async def run(cfg: GRPOConfig, plan: GpuPlan | None, report: Report) -> dict:
     # The trainer and the reference score the ids the generator samples, those its tokenizer
     # decodes (a checkpoint may have more vocabulary rows).
     cfg.trainer.engine.model.sampled_rows = len(AutoTokenizer.from_pretrained(cfg.generator.model_path))
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.yaml")
-    if cfg.actor_threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
-    if plan is not None:
-        report(plan.describe(visible_gpus()))
-    await init_provisioner(cfg.provisioner, seed=cfg.seed, plan=plan)
-    try:
-        if cfg.rollout.replay_from:
-            return await _replay(cfg)
-        return await _train(cfg, report)
-    finally:
-        await shutdown()
+    # A full or read-only disk met anywhere in this process (the config, metric and record
+    # files, a checkpoint) stops the run naming the file, for the app to say where to resume.
+    with stop_on_storage_errors(cfg.output_dir):
+        out = Path(cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / "config.yaml")
+        if cfg.actor_threads is not None:
+            os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
+        if plan is not None:
+            report(plan.describe(visible_gpus()))
+        await init_provisioner(cfg.provisioner, seed=cfg.seed, plan=plan)
+        try:
+            if cfg.rollout.replay_from:
+                return await _replay(cfg)
+            return await _train(cfg, report)
+        finally:
+            await shutdown()
 
 
 async def _replay(cfg: GRPOConfig) -> dict:
@@ -94,7 +99,6 @@ async def _replay(cfg: GRPOConfig) -> dict:
 async def _train(cfg: GRPOConfig, report: Report) -> dict:
     metric_logger = await get_metric_logger(cfg.metrics, config_to_dict(cfg))
     await store.initialize()
-    recorder = None
     # The eval's reward runs contained like the training rewards: a call that raises or hangs
     # scores 0 (not solved) and is counted in eval/reward/<name>/errors|timeouts.
     eval_scorer = RewardScorer(
@@ -105,23 +109,29 @@ async def _train(cfg: GRPOConfig, report: Report) -> dict:
     )
     generator = None
     try:  # from here on the store and the logger are released however start-up ends
-        if cfg.metrics.rollouts_path:
-            recorder = RolloutRecorder(cfg.metrics.rollouts_path, cfg.metrics.rollouts_every)
-        actors = await launch_actors(cfg, recorder, eval_scorer)
-        generator = actors.rollouts.generator
-        if cfg.provisioner.hosts:
-            report((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))
-        eval_rows = (await actors.dataset.eval_set.route())[: cfg.eval.num_prompts]
-        loops = GRPOLoops(cfg, actors, eval_rows, eval_scorer, metric_logger, checkpointer(cfg), recorder)
-        progress = Progress()
-        if cfg.resume:
-            progress = await loops.resume()
-            report(
-                f"resume: continuing after step {progress.step}"
-                if progress.step
-                else "resume: no checkpoint yet"
-            )
-        return await loops.run(progress)
+        recorder = (
+            RolloutRecorder(cfg.metrics.rollouts_path, cfg.metrics.rollouts_every)
+            if cfg.metrics.rollouts_path
+            else None
+        )
+        # Closed when the loops have stopped: a failure to write the last records stops a run
+        # that ended well, and never hides the error a run stopped with (RolloutRecorder.__exit__).
+        with recorder or contextlib.nullcontext():
+            actors = await launch_actors(cfg, recorder, eval_scorer)
+            generator = actors.rollouts.generator
+            if cfg.provisioner.hosts:
+                report((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))
+            eval_rows = (await actors.dataset.eval_set.route())[: cfg.eval.num_prompts]
+            loops = GRPOLoops(cfg, actors, eval_rows, eval_scorer, metric_logger, checkpointer(cfg), recorder)
+            progress = Progress()
+            if cfg.resume:
+                progress = await loops.resume()
+                report(
+                    f"resume: continuing after step {progress.step}"
+                    if progress.step
+                    else "resume: no checkpoint yet"
+                )
+            return await loops.run(progress)
     finally:
         await metric_logger.close()
         if generator is not None:  # no generator is waiting on the store when it stops
@@ -129,5 +139,3 @@ async def _train(cfg: GRPOConfig, report: Report) -> dict:
         await (await get_provisioner()).stop_supervisors()  # no replica is replaced any more
         await store.shutdown()
         eval_scorer.close()
-        if recorder is not None:
-            recorder.close()

@@ -17,7 +17,9 @@ reward, so its completions are exactly the ones the generator returned.
 
 Limits: ``max_turns`` model turns, and a budget of ``max_tokens`` for the whole sequence
 (prompt and every turn; the trainer's ``seq_len``). A trajectory stopped by a limit while its
-environment would go on is marked ``truncated``. Sampling is seeded per trajectory: turn 1 by
+environment would go on is marked ``truncated``; an opening prompt that fills the budget stops
+the run, naming the row (its ``origin``, `forge.data.prompts.with_origins`): only rollouts see
+what ``reset`` opens with. Sampling is seeded per trajectory: turn 1 by
 the row's sample key and the sample's index (as single-turn GRPO), later turns by
 ``sample_seed(key, index, turn)``.
 
@@ -47,6 +49,7 @@ from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
 from forge.rollout.env_failures import EnvFailures
 from forge.rollout.trajectories import Trajectory
+from forge.runs.errors import RunStopped
 
 # generate(prompt_ids, sample_keys, n=..., max_tokens=..., **sampling) -> n completions per prompt
 Generate = Callable[..., Awaitable[list[list[Completion]]]]
@@ -182,10 +185,13 @@ class _Run:
     def _render(self, row: dict, opening: Opening) -> RenderedPrompt:
         prompt = self.renderer.prompts.render(opening.messages, opening.tools)
         if self.limits.max_tokens is not None and len(prompt.ids) >= self.limits.max_tokens:
-            raise ValueError(
-                f"the opening prompt of row {row.get('index', '?')} is {len(prompt.ids)} tokens, which "
-                f"leaves no room in the trajectory's budget of {self.limits.max_tokens} tokens "
-                "(env.max_tokens, the trainer's seq_len by default)"
+            # Every trajectory of this row would be cut before its first token: a stop, not a
+            # failed group (the row comes again each epoch).
+            raise RunStopped(
+                f"{row.get('origin', 'a dataset row')}: its opening prompt (env.reset) is {len(prompt.ids)} "
+                f"tokens, which leaves no room in the trajectory's budget of {self.limits.max_tokens} tokens: "
+                "raise env.max_tokens (at most trainer.engine.training.seq_len, its default), or shorten "
+                "or remove that row"
             )
         return prompt
 

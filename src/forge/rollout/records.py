@@ -222,6 +222,21 @@ class RolloutRecorder:
         if self._error is not None and not self._error_raised:
             self._raise_error()
 
+    def __enter__(self) -> RolloutRecorder:
+        return self
+
+    def __exit__(self, error_type, error, traceback) -> None:
+        """Closes the recorder. Under an error of the block's own (an actor that died, a full
+        disk met by a checkpoint) a failure to write is logged, not raised: raised, it would
+        hide that error, which says why the run stopped."""
+        if error is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as failure:
+            logger.warning("%s (%s); the run stops with its own error", failure, failure.__cause__)
+
 
 def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
     """The records of a file, skipping a last line cut short with a warning (``read_jsonl``)."""

@@ -28,8 +28,10 @@ def check_run_inputs(cfg: GRPOConfig) -> None:
     if cfg.env is None:
         check_prompt_lengths(train, tokenizer, seq_len, max_tokens, cfg.dataset.chat_template)
     else:
-        # The environment's class and params: an instance is built here (and its prompts, which
-        # come from reset, are measured against env.max_tokens as trajectories start).
+        # The environment's class and params: an instance is built here. Its prompts come from
+        # reset, user code that may open a server session or a sandbox, so they are measured
+        # against env.max_tokens as trajectories start: one that fills it stops the run naming
+        # the dataset row (forge.rollout.groups).
         from forge.envs.sessions import LocalEnvironments
 
         LocalEnvironments(cfg.env.name, cfg.env.params, step_timeout_s=cfg.env.step_timeout_s)

@@ -36,7 +36,6 @@ from forge.runs.checkpoint import Progress, RolloutPause, RunActors, RunCheckpoi
 from forge.runs.faults import wait_for_loops
 from forge.runs.guards import SkippedUpdates, starvation_report, wait_for_batch
 from forge.runs.restarts import restarts_so_far
-from forge.runs.storage import stop_on_storage_errors
 from forge.staleness import StalenessBound
 
 
@@ -105,24 +104,19 @@ class GRPOLoops:
     async def resume(self) -> Progress:
         """The newest checkpoint's progress, with every actor's state restored from it."""
         a = self.actors
-        with stop_on_storage_errors(self.cfg.output_dir):  # it rewrites the metric and record files
-            progress = await self.checkpoints.resume(
-                self.saved, a.trainer.push_weights.route, self.cfg.metrics.jsonl_path
-            )
-            self.bound.restore(progress.version, progress.buffered_versions)
-            if self.recorder is not None:  # the steps after the checkpoint are recorded again
-                trim_run_records(self.recorder.path, progress.last_kept_step)
+        progress = await self.checkpoints.resume(
+            self.saved, a.trainer.push_weights.route, self.cfg.metrics.jsonl_path
+        )
+        self.bound.restore(progress.version, progress.buffered_versions)
+        if self.recorder is not None:  # the steps after the checkpoint are recorded again
+            trim_run_records(self.recorder.path, progress.last_kept_step)
         return progress
 
     async def run(self, progress: Progress) -> dict:
         rollout_loops = [asyncio.create_task(self._rollouts()) for _ in range(self.cfg.rollout.threads)]
         training = asyncio.create_task(self._training(progress))
         try:
-            with stop_on_storage_errors(self.cfg.output_dir):  # records and checkpoints, in this process
-                history = await wait_for_loops(training, rollout_loops)
-                if self.recorder is not None:
-                    self.recorder.close()  # the last records are written: a failure is a stop too
-                return history
+            return await wait_for_loops(training, rollout_loops)
         finally:
             # Also on Ctrl-C (asyncio cancels this coroutine): stop both loops before the actors.
             self.stop.set()

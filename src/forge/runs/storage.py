@@ -58,6 +58,8 @@ def stop_on_storage_errors(output_dir: str | Path) -> Iterator[None]:
     checkpoint to resume from."""
     try:
         yield
+    except RunStopped:
+        raise  # it says why the run stopped already (an ActorFailed must stay one: it restarts)
     except Exception as error:
         failed = storage_error(error)
         if failed is None:

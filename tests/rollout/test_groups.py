@@ -279,7 +279,7 @@ def test_an_opening_prompt_that_fills_the_budget_stops_the_run_naming_its_row():
                 generate=generate,
                 renderer=renderer,
                 max_tokens=4,
-                envs=LocalEnvironments(opens_longer),
+                envs=LocalEnvironments(opens_longer, step_timeout_s=60),
                 limits=TrajectoryLimits(max_turns=2, max_tokens=budget),
             )
         )

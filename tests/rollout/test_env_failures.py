@@ -9,6 +9,8 @@ The fake generator's samples say where they came from: sample j of a prompt with
 import asyncio
 import logging
 
+import pytest
+
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.tokenizer import embedded_tokenizer
 from forge.data.types import Completion
@@ -228,3 +230,29 @@ def test_the_starvation_report_names_the_environment_that_failed():
         f"Environment {env.name}: 2 groups dropped for its failures, 1 calls past env.step_timeout_s=0.5 s, "
         "0 trajectories rerun (env.retries=0). The environment's failures explain the starvation"
     ) in report
+
+
+@pytest.mark.parametrize(
+    "counts, rewards, cause",
+    [
+        (
+            RolloutCounts(groups=4, groups_skipped=4, groups_empty=4),
+            (0, 0),
+            "every completion was empty text",
+        ),
+        (RolloutCounts(groups=4, groups_skipped=4, groups_empty=1), (3, 1), "reward calls failed"),
+        (RolloutCounts(groups=4, groups_skipped=4), (0, 0), "too hard or too easy for the policy"),
+        (RolloutCounts(groups_failed=3), (0, 0), "every group was lost with a failed generator"),
+        (RolloutCounts(groups=4, groups_skipped=3, groups_empty=3), (0, 0), None),
+    ],
+)
+def test_the_starvation_report_names_the_cause_that_took_every_group(counts, rewards, cause):
+    buffer = type(
+        "Buffer", (), {"counts": Routed({"added": 0, "evicted_stale": 0, "sampled": 0, "held": 0})}
+    )()
+    reward = type("Reward", (), {"counts": Routed({"errors": rewards[0], "timeouts": rewards[1]})})()
+    report = asyncio.run(starvation_report(counts, buffer, reward, ReplayBufferConfig()))
+    if cause is None:
+        assert "The cause" not in report
+    else:
+        assert cause in report.split("The cause: ")[1]

@@ -144,6 +144,7 @@ class RolloutCounts:
 
     groups: int = 0
     groups_skipped: int = 0  # no signal: every reward of the group was equal
+    groups_empty: int = 0  # of those, groups whose completions were all empty text
     groups_failed: int = 0  # lost with a generator or environment replica that died, or an env error
     waits_for_room: int = 0  # times a loop waited on a full buffer
 
@@ -210,13 +211,15 @@ async def rollout_step(
     if not groups:
         return []
     scored = await score_groups(rows, groups, reward, advantages, reward_models)
-    kept = [
-        g for g in scored if not skip_groups_without_signal or has_signal(torch.tensor([e.reward for e in g]))
-    ]
-    record_metric("rollout/groups_skipped", len(scored) - len(kept), Reduce.SUM)
+    signal = [has_signal(torch.tensor([e.reward for e in g])) for g in scored]
+    kept = [g for g, s in zip(scored, signal, strict=True) if s or not skip_groups_without_signal]
+    skipped = [g for g, s in zip(scored, signal, strict=True) if not s and skip_groups_without_signal]
+    record_metric("rollout/groups_skipped", len(skipped), Reduce.SUM)
     record_metric("rollout/groups", len(scored), Reduce.SUM)
     counts.groups += len(scored)
-    counts.groups_skipped += len(scored) - len(kept)
+    counts.groups_skipped += len(skipped)
+    # Empty text everywhere names a cause the rewards cannot: samples that decode to nothing.
+    counts.groups_empty += sum(all(not e.completion.text.strip() for e in g) for g in skipped)
     for e in (e for g in scored for e in g):
         record_metric("rollout/response_len", e.response_len, Reduce.MEAN)
         record_metric("rollout/reward", e.reward, Reduce.MEAN)

@@ -72,7 +72,29 @@ async def starvation_report(
         f"added to the buffer, {buffer['evicted_stale']} evicted as stale (older than "
         f"replay_buffer.max_policy_age={max_policy_age}), {buffer['sampled']} trained on, {buffer['held']} "
         f"held (a batch needs {batch_size}); reward errors {rewards['errors']}, reward timeouts "
-        f"{rewards['timeouts']}.{_environment_report(rollouts, env, env_failures)}"
+        f"{rewards['timeouts']}.{_cause(rollouts, rewards)}{_environment_report(rollouts, env, env_failures)}"
+    )
+
+
+def _cause(rollouts: RolloutCounts, rewards: dict[str, int]) -> str:
+    """The dominant reason, when one reason took every group."""
+    if rollouts.groups_failed and not rollouts.groups:
+        return " The cause: every group was lost with a failed generator or environment (see the log)."
+    if not rollouts.groups or rollouts.groups_skipped < rollouts.groups:
+        return ""
+    if rollouts.groups_empty == rollouts.groups_skipped:
+        return (
+            " The cause: every completion was empty text: the generator's samples decode to nothing "
+            "(a tokenizer that is not the policy's, or a model that stops at once; see rollouts.jsonl)."
+        )
+    if rewards["errors"] or rewards["timeouts"]:
+        return (
+            " The cause: every group's rewards were equal, and reward calls failed (a failed call "
+            "scores reward.error_reward): see the reward errors in the log."
+        )
+    return (
+        " The cause: every group's rewards were equal: the task is too hard or too easy for the "
+        "policy, or the reward does not tell completions apart."
     )
 
 

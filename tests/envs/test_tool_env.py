@@ -201,6 +201,10 @@ def user_tools(tmp_path, monkeypatch):
                 raise KeyError(text)
 
 
+            async def sleepy(text):
+                await asyncio.sleep(60)
+
+
             cancelled = []
 
 
@@ -237,6 +241,15 @@ def test_calls_of_a_turn_run_concurrently(user_tools):
     assert [message["content"] for message in step.messages] == ["<result>a</result>", "<result>b</result>"]
 
 
+def test_a_call_past_its_deadline_is_answered_with_an_error_and_the_others_answer(user_tools):
+    env = ToolEnvironment(tools=["calc", f"{user_tools}:sleepy"], call_timeout_s=0.2)
+    step = asyncio.run(env.step("<sleepy>waiting</sleepy><calc>1+2</calc>"))
+    assert [message["content"] for message in step.messages] == [
+        "<result>error: sleepy did not answer within 0.2 s</result>",
+        "<result>3</result>",
+    ]
+
+
 def test_a_tool_that_raises_fails_the_step_and_stops_the_other_calls(user_tools):
     env = ToolEnvironment(tools=[f"{user_tools}:stall", f"{user_tools}:broken"])
 
@@ -259,6 +272,7 @@ def test_a_tool_that_raises_fails_the_step_and_stops_the_other_calls(user_tools)
         ({"tools": "calc"}, "must be a list of tool names, got 'calc'"),
         ({"format": "xml"}, "env.params.format: 'xml' is not one of tag, json"),
         ({"max_calls_per_turn": 0}, "max_calls_per_turn must be at least 1"),
+        ({"call_timeout_s": 0}, "call_timeout_s must be positive"),
         ({"python": {"wall_s": 1}}, "'python' is not in env.params.tools"),
         ({"tools": ["python"], "python": {"walls": 1}}, r"unknown settings \['walls'\]"),
     ],

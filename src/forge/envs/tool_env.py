@@ -24,6 +24,9 @@ Params:
   default 4.
 - ``call_reward``: added to the reward for each call that runs (a negative value charges for
   calls); default 0.
+- ``call_timeout_s``: seconds a call may take; one past it is answered with an error (and
+  cancelled: a user's sync function runs on in its thread until it returns); default 60. The
+  whole step has the run's deadline too (``env.step_timeout_s``).
 - ``python``: settings of the python tool, ``max_output_chars`` and the fields of
   ``forge.envs.sandbox.SandboxLimits``, e.g. ``{wall_s: 5, memory_mb: 256}``.
 """
@@ -51,6 +54,7 @@ class ToolEnvironment(Environment):
         max_calls_per_turn: int = 4,
         call_reward: float = 0.0,
         python: dict[str, Any] | None = None,
+        call_timeout_s: float = 60.0,
     ):
         if isinstance(tools, str):  # `tools: calc` in YAML, which would be read letter by letter
             raise ValueError(f"env.params.tools must be a list of tool names, got '{tools}'")
@@ -58,6 +62,8 @@ class ToolEnvironment(Environment):
             raise ValueError(f"env.params.format: '{format}' is not one of {', '.join(FORMATS)}")
         if max_calls_per_turn < 1:
             raise ValueError(f"env.params.max_calls_per_turn must be at least 1, got {max_calls_per_turn}")
+        if call_timeout_s <= 0:
+            raise ValueError(f"env.params.call_timeout_s must be positive, got {call_timeout_s}")
         if python is not None and "python" not in tools:
             raise ValueError(
                 "env.params.python sets the python tool, but 'python' is not in env.params.tools"
@@ -70,6 +76,7 @@ class ToolEnvironment(Environment):
             self._tools[tool.name] = tool
         self.format, self.result_tag = format, result_tag
         self.max_calls_per_turn, self.call_reward = max_calls_per_turn, call_reward
+        self.call_timeout_s = call_timeout_s
         # Only the json format's chat templates declare tools; the tag format's prompt teaches them.
         self.tools = [tool.schema for tool in self._tools.values()] if format == "json" else None
 
@@ -100,4 +107,10 @@ class ToolEnvironment(Environment):
             return f"error: {call.error}"
         if index >= self.max_calls_per_turn:
             return f"error: not run, only {self.max_calls_per_turn} calls are run per turn"
-        return await self._tools[call.name](call.arguments)
+        try:
+            async with asyncio.timeout(self.call_timeout_s) as deadline:
+                return await self._tools[call.name](call.arguments)
+        except TimeoutError:
+            if not deadline.expired():  # the tool's own: an error it raised
+                raise
+            return f"error: {call.name} did not answer within {self.call_timeout_s:g} s"

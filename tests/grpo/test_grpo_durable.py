@@ -1,10 +1,12 @@
 """Durable GRPO runs, end to end with real actors: bad values, hung rewards, a killed generator
 replica and one that hangs while alive (both replaced) cost nothing, a lone generator that hangs
-stops the run by name, checkpoints and the export are complete, a dead
+stops the run by name (and its resume skips a damaged newest checkpoint for the one before),
+checkpoints and the export are complete, a dead
 trainer stops the run by name, and a killed run resumes to the same numbers: those of the
 serial recipe, which the app in sync mode equals step for step."""
 
 import json
+import logging
 import math
 import os
 import re
@@ -19,6 +21,7 @@ import psutil
 import pytest
 import torch
 from apps.grpo.main import main
+from damage import dcp_shard, truncate
 from processes import children_left
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -162,16 +165,19 @@ def test_faults_cost_nothing_and_the_run_checkpoints_and_exports(
     assert len(sample.token_ids) >= 1
 
 
-def test_a_lone_generator_that_hangs_stops_the_run_by_name(write_grpo_config, tmp_path, capsys):
+def test_a_lone_generator_that_hangs_stops_the_run_by_name_and_a_damaged_checkpoint_is_skipped(
+    write_grpo_config, tmp_path, capsys, caplog
+):
     """One generator (nothing to replace it) stopped by SIGSTOP: the next call to it (a generate,
     or a checkpoint's RNG query) misses its deadline, its process is killed, and the run stops
-    naming it and the checkpoint."""
+    naming it and the checkpoint. Then its newest checkpoint is damaged: the resume falls back to
+    the one before, saying so; with none intact, a start-up error says so before any actor starts."""
     run = tmp_path / "run"
-    config = write_grpo_config(checkpoint="{every: 1, keep: 1}")
+    config = write_grpo_config(checkpoint="{every: 1, keep: 2}")
     hung: list[int] = []
 
     def stop_the_generator() -> None:
-        if wait_for_rows(run / "metrics.jsonl", 3):  # step 1 trained and checkpointed
+        if wait_for_rows(run / "metrics.jsonl", 4):  # step 3 trained, steps 1 and 2 checkpointed
             [generator] = actor_processes(os.getpid(), "Generator")[-1:]
             generator.send_signal(signal.SIGSTOP)
             hung.append(generator.pid)
@@ -186,6 +192,27 @@ def test_a_lone_generator_that_hangs_stops_the_run_by_name(write_grpo_config, tm
     assert re.search(r"error: actor Generator_\d+ hung: no answer to \w+\(\) within 10 s", err), err
     assert re.search(r"newest checkpoint: \S+/step_\d{8} \(continue with resume=true\)", err), err
     assert children_left(15) == []  # the stopped process was killed, the others stopped
+
+    # At least steps 1 and 2 were checkpointed before the generator stopped (keep: 2 leaves the
+    # last two).
+    previous, newest = sorted((run / "checkpoints").iterdir())
+    last = int(newest.name.removeprefix("step_"))
+    truncate(dcp_shard(newest))
+    with caplog.at_level(logging.WARNING, logger="forge.runs.checkpoint"):
+        main(["--config", str(config), "resume=true", f"max_steps={last + 1}"])
+    assert (
+        f"resume: continuing after step {int(previous.name.removeprefix('step_'))}" in capsys.readouterr().out
+    )
+    assert any(str(newest) in r.getMessage() and "damaged" in r.getMessage() for r in caplog.records)
+    assert [r["step"] for r in read_rows(run / "metrics.jsonl")] == list(range(last + 2))
+    for checkpoint in (run / "checkpoints").iterdir():
+        truncate(checkpoint / "run_state.pt")
+    with pytest.raises(SystemExit) as refused:
+        main(["--config", str(config), "resume=true", f"max_steps={last + 3}"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and "no intact checkpoint to resume from" in err
+    assert f"step_{last + 1:08d}: run_state.pt" in err
 
 
 def actor_processes(app_pid: int, name: str) -> list[psutil.Process]:

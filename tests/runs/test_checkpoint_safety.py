@@ -3,13 +3,11 @@ run state, trainer extra state, DCP value or DCP metadata is refused, naming it)
 damaged newest checkpoint is skipped, with a warning naming it, for the newest intact one.
 
 The checkpointer is driven with stand-ins for the actors' endpoints over the real state
-objects (a DCP checkpoint, the episode buffer, the prompt cursor); the last test resumes
-the GRPO app itself."""
+objects (a DCP checkpoint, the episode buffer, the prompt cursor). The GRPO app's own resume
+from the checkpoint before a damaged newest one: tests/grpo/test_grpo_durable.py."""
 
 import asyncio
-import importlib.util
 import io
-import json
 import logging
 import os
 import pickle
@@ -23,10 +21,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from apps.grpo.main import main
+from damage import dcp_shard, flip_a_bit, truncate
 
 from forge.data.prompts import PromptCursor
-from forge.data.tokenizer import embedded_tokenizer
 from forge.data.types import Completion, Episode, Turn
 from forge.engines.titan.checkpoint import TrainState, load_dcp, save_dcp
 from forge.replay_buffer import EpisodeBuffer, ReplayBufferConfig
@@ -160,21 +157,6 @@ def test_a_resumed_checkpoint_holds_what_was_saved(tmp_path):
     assert resumed.dataset.obj.state_dict() == saved.dataset.obj.state_dict()
 
 
-def truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-
-
-def flip_a_bit(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
-def dcp_shard(checkpoint: Path) -> Path:
-    [shard] = (checkpoint / "trainer").glob("*.distcp")
-    return shard
-
-
 DAMAGE = {
     "truncated run state": (lambda c: truncate(c / "run_state.pt"), "run_state.pt has"),
     "bit flip in a DCP shard": (lambda c: flip_a_bit(dcp_shard(c)), "changed since it was written"),
@@ -283,47 +265,3 @@ def test_state_that_a_resume_would_refuse_is_refused_when_saved(tmp_path):
     assert checkpoints.complete() == []
     with pytest.raises(ValueError, match="extra_state to save holds .*numpy"):
         TrainState(1, {"seed": np.int64(3)}).state_dict()
-
-
-def _grpo_test_helpers():
-    # The GRPO tests' fixtures' helpers (a tiny policy and a config for it), from their
-    # conftest, which pytest does not load for this folder.
-    path = Path(__file__).parents[1] / "grpo" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("grpo_test_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_app_resumes_from_the_checkpoint_before_a_damaged_newest_one(tmp_path, caplog, capsys):
-    helpers = _grpo_test_helpers()
-    policy = helpers.export_tiny_policy(tmp_path / "policy")
-    run = tmp_path / "run"
-    config = tmp_path / "grpo.yaml"
-    config.write_text(helpers.grpo_yaml(policy, run, len(embedded_tokenizer())))
-    argv = ["--config", str(config), "checkpoint.every=2", "checkpoint.keep=2"]
-    main([*argv, "max_steps=4"])
-    newest = run / "checkpoints" / "step_00000004"
-    truncate(dcp_shard(newest))
-    capsys.readouterr()
-
-    with caplog.at_level(logging.WARNING, logger="forge.runs.checkpoint"):
-        main([*argv, "resume=true", "max_steps=6"])
-    assert "resume: continuing after step 2" in capsys.readouterr().out
-    assert any(str(newest) in r.getMessage() and "damaged" in r.getMessage() for r in caplog.records)
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]
-    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step_00000004", "step_00000006"]
-
-    # With no intact checkpoint left: a start-up error that says so, before any actor starts.
-    for checkpoint in (run / "checkpoints").iterdir():
-        truncate(checkpoint / "run_state.pt")
-    with pytest.raises(SystemExit) as exit_:
-        main([*argv, "resume=true", "max_steps=8"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert (
-        "error: " in err
-        and "no intact checkpoint to resume from" in err
-        and "step_00000006: run_state.pt" in err
-    )

@@ -1,5 +1,6 @@
-"""The tool demo's configs end to end: multi-turn SFT on tool demonstrations, then GRPO where the
-model calls the calculator in an environment actor, in sync mode against the serial recipe.
+"""The tool demo's configs end to end (their CPU runs as shipped configs): multi-turn SFT on tool
+demonstrations, then GRPO where the model calls the calculator in an environment actor, in sync
+mode against the serial recipe.
 
 One SFT run and one GRPO run are shared by the checks: the SFT warm start is cut short (it calls
 the tool but copies numbers badly), which is what makes the trajectories multi-turn and the
@@ -8,13 +9,13 @@ rewards differ within a group.
 
 import contextlib
 import io
-import json
 import re
 from pathlib import Path
 
 import pytest
 from apps.grpo.main import main as grpo_main
 from apps.sft.main import main as sft_main
+from run_checks import check_every_step
 
 from forge import inspect
 from forge.config import load_config
@@ -71,17 +72,17 @@ def warm_start(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def agent_run(warm_start, tmp_path_factory) -> tuple[Path, list[str]]:
+def agent_run(warm_start, tmp_path_factory) -> tuple[Path, list[str], dict]:
     out = tmp_path_factory.mktemp("grpo_tool")
     overrides = [*SYNC, f"policy_path={warm_start}", f"output_dir={out}"]
-    grpo_main(["--config", str(CONFIGS / "grpo" / "tool_cpu.yaml"), *overrides])
-    return out, overrides
+    history = grpo_main(["--config", str(CONFIGS / "grpo" / "tool_cpu.yaml"), *overrides])
+    return out, overrides, history
 
 
 def test_the_agent_run_equals_the_serial_recipe(agent_run):
-    out, overrides = agent_run
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    out, overrides, history = agent_run
+    # The checks of every shipped config's run (tests/grpo/test_shipped_configs.py).
+    rows = check_every_step(out, history, steps=3)
     # The trajectories were multi-turn: a call, the calculator's answer, then the model's answer.
     assert all(r["rollout/turns"] > 1.5 for r in rows[1:] if "rollout/turns" in r)
     serial = grpo_serial(load_config(GRPOConfig, CONFIGS / "grpo" / "tool_cpu.yaml", overrides))
@@ -93,7 +94,7 @@ def test_the_agent_run_equals_the_serial_recipe(agent_run):
 
 
 def test_records_and_inspect_show_each_turn_and_what_was_trained(agent_run, capsys):
-    out, _ = agent_run
+    out, _, _ = agent_run
     records = [r for r in read_records(out / "rollouts.jsonl") if not r["eval"]]
     with_tool = [r for r in records if any(t["role"] == "tool" for t in r["turns"])]
     assert with_tool, "no trajectory called the calculator"

@@ -43,27 +43,22 @@ def test_disaggregated_generators_take_the_gpus_after_the_trainer():
 
 
 def test_replicas_share_a_gpu_when_asked_and_their_memory_shares_add_up():
-    apart = PlacementRequest(
-        trainer_procs=1, generator_replicas=3, generator_replicas_per_gpu=2, colocate=False
-    )
+    def two_a_gpu(procs: int, replicas: int, colocate: bool, share: float = 0.0) -> PlacementRequest:
+        return PlacementRequest(
+            trainer_procs=procs,
+            generator_replicas=replicas,
+            generator_replicas_per_gpu=2,
+            colocate=colocate,
+            generator_share=share,
+        )
+
+    apart = two_a_gpu(1, 3, colocate=False)
     assert slots(plan_gpus(apart, Machine(3))) == ([0], [[1], [1], [2]])
-    two_by_two = PlacementRequest(
-        trainer_procs=2,
-        generator_replicas=4,
-        generator_replicas_per_gpu=2,
-        colocate=True,
-        generator_share=0.2,
-    )
+    two_by_two = two_a_gpu(2, 4, colocate=True, share=0.2)
     assert slots(plan_gpus(two_by_two, Machine(2, memory_gib=80))) == ([0, 1], [[0], [0], [1], [1]])
     with pytest.raises(PlacementError, match=r"= 3 GPUs"):
         plan_gpus(apart, Machine(2))
-    crowded = PlacementRequest(
-        trainer_procs=1,
-        generator_replicas=2,
-        generator_replicas_per_gpu=2,
-        colocate=False,
-        generator_share=0.6,
-    )
+    crowded = two_a_gpu(1, 2, colocate=False, share=0.6)
     with pytest.raises(
         PlacementError,
         match=r"GPU 1 \(80 GiB\).*0.6 for each of 2 replicas.*\(96.0 GiB\).*lower generator.replicas_per_gpu",

@@ -122,6 +122,15 @@ def test_a_too_long_prompt_is_named_by_its_row(write_grpo_config, tmp_path, caps
     assert "1 of 4 training prompts are longer than" in err and "rows 3; the longest, row 3, has 161" in err
 
 
+def test_prompts_that_fill_a_tool_environments_budget_are_refused_before_start(write_grpo_config, capsys):
+    # The tool environment opens with the row's prompt (about 7 tokens templated): a budget of 6
+    # leaves it no room. Environments that open otherwise are measured as trajectories start.
+    config = write_grpo_config(env="{name: 'forge.envs.tool_env:ToolEnvironment', max_tokens: 6}")
+    err = refused_before_start(capsys, config)
+    assert "training prompts are longer than 5 tokens (env.max_tokens 6 - 1" in err
+    assert "Raise env.max_tokens (up to trainer.engine.training.seq_len), or remove those prompts" in err
+
+
 def test_a_fresh_run_does_not_append_to_an_earlier_runs_metrics(write_grpo_config, capsys):
     config = write_grpo_config()
     metrics = config.parent / "run" / "metrics.jsonl"

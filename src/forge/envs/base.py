@@ -48,6 +48,9 @@ class Environment:
 
     # JSON schemas of the tools the model may call, given to the chat template (None: none).
     tools: list[dict] | None = None
+    # True when reset(row) opens with the row's "prompt" as it is (a string as one user message):
+    # the run then measures the openings against env.max_tokens before any process starts.
+    opens_with_row_prompt: bool = False
 
     def __init__(self, **params: Any):
         if params:

@@ -46,6 +46,8 @@ from forge.envs.tools import Tool, resolve_tool
 class ToolEnvironment(Environment):
     """See the module docstring."""
 
+    opens_with_row_prompt = True
+
     def __init__(
         self,
         tools: Sequence[str] = ("calc",),

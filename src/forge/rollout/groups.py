@@ -19,7 +19,8 @@ Limits: ``max_turns`` model turns, and a budget of ``max_tokens`` for the whole 
 (prompt and every turn; the trainer's ``seq_len``). A trajectory stopped by a limit while its
 environment would go on is marked ``truncated``; an opening prompt that fills the budget stops
 the run, naming the row (its ``origin``, `forge.data.prompts.with_origins`): only rollouts see
-what ``reset`` opens with. Sampling is seeded per trajectory: turn 1 by
+what ``reset`` opens with (an environment that opens with the row's prompt as it is is measured
+before the run starts, `forge.runs.checks`). Sampling is seeded per trajectory: turn 1 by
 the row's sample key and the sample's index (as single-turn GRPO), later turns by
 ``sample_seed(key, index, turn)``.
 

@@ -26,15 +26,35 @@ def check_run_inputs(cfg: GRPOConfig) -> None:
     train, evaluation = load_prompt_rows(cfg.dataset)  # raises on a missing column or no prompts
     seq_len, max_tokens = cfg.trainer.engine.training.seq_len, cfg.generator.sampling.max_tokens
     if cfg.env is None:
-        check_prompt_lengths(train, tokenizer, seq_len, max_tokens, cfg.dataset.chat_template)
+        check_prompt_lengths(
+            train,
+            tokenizer,
+            seq_len - max_tokens + 1,
+            f"trainer.engine.training.seq_len {seq_len} - generator.sampling.max_tokens {max_tokens} + 1",
+            "Raise trainer.engine.training.seq_len, lower generator.sampling.max_tokens",
+            cfg.dataset.chat_template,
+        )
     else:
-        # The environment's class and params: an instance is built here. Its prompts come from
-        # reset, user code that may open a server session or a sandbox, so they are measured
-        # against env.max_tokens as trajectories start: one that fills it stops the run naming
-        # the dataset row (forge.rollout.groups).
+        # The environment's class and params: an instance is built here. Its openings come from
+        # reset, user code that may open a server session or a sandbox: measured here only for
+        # an environment that opens with the row's prompt as it is (opens_with_row_prompt), and
+        # otherwise as trajectories start, where one that fills env.max_tokens stops the run
+        # naming the dataset row (forge.rollout.groups).
         from forge.envs.sessions import LocalEnvironments
 
-        LocalEnvironments(cfg.env.name, cfg.env.params, step_timeout_s=cfg.env.step_timeout_s)
+        envs = LocalEnvironments(cfg.env.name, cfg.env.params, step_timeout_s=cfg.env.step_timeout_s)
+        if envs.cls.opens_with_row_prompt:
+            budget = cfg.env.max_tokens or seq_len
+            check_prompt_lengths(
+                train,
+                tokenizer,
+                budget - 1,
+                f"env.max_tokens {budget} - 1: the trajectory's budget, prompt and every turn, "
+                "is trainer.engine.training.seq_len unless set",
+                "Raise env.max_tokens (up to trainer.engine.training.seq_len)",
+                cfg.dataset.chat_template,
+                envs.cls(**envs.params).tools,
+            )
     check_eval_set(evaluation, cfg.eval.every)
     check_reward_models(cfg.reward.models)
     check_output_dirs(cfg)  # last: it creates output_dir, which a refused run should not leave
@@ -119,17 +139,24 @@ def check_policy_model(cfg: GRPOConfig, tokenizer_size: int) -> None:
 
 
 def check_prompt_lengths(
-    rows: list[Row], tokenizer, seq_len: int, max_tokens: int, chat_template: str = "auto"
+    rows: list[Row],
+    tokenizer,
+    limit: int,
+    limit_is: str,
+    advice: str,
+    chat_template: str = "auto",
+    tools: list[dict] | None = None,
 ) -> None:
-    """Refuses prompts that leave no room for a full response within the trainer's `seq_len`
-    (the trainer reads prompt + response minus the last token), measured in the ids the
-    generator samples from: rendered with `chat_template` (`dataset.chat_template`), which also
-    refuses chat messages that no template can render."""
+    """Refuses prompts longer than `limit` tokens (what leaves room for a full response within
+    the trainer's seq_len, which reads prompt + response minus the last token; or within an
+    environment's trajectory budget), measured in the ids the generator samples from: rendered
+    with `chat_template` (`dataset.chat_template`) and the environment's `tools`, which also
+    refuses chat messages that no template can render. `limit_is` says what the limit is made
+    of, `advice` which keys to change."""
     from forge.data.chat_prompts import PromptRenderer
 
-    limit = seq_len - max_tokens + 1
     renderer = PromptRenderer(tokenizer, chat_template)
-    rendered = [renderer.render(r["prompt"]) for r in rows]
+    rendered = [renderer.render(r["prompt"], tools) for r in rows]
     # Rows count from 1, in the dataset's order (a file's lines).
     too_long = [(len(p.ids), row, p.text) for row, p in enumerate(rendered, start=1) if len(p.ids) > limit]
     if too_long:
@@ -137,10 +164,8 @@ def check_prompt_lengths(
         listed = ", ".join(str(r) for _, r, _ in too_long[:10]) + (", ..." if len(too_long) > 10 else "")
         raise ValueError(
             f"{len(too_long)} of {len(rows)} training prompts are longer than {limit} tokens "
-            f"(trainer.engine.training.seq_len {seq_len} - generator.sampling.max_tokens {max_tokens} + 1), "
-            f"rows {listed}; the longest, row {row}, has {longest}: {prompt[:80]!r}. Raise "
-            "trainer.engine.training.seq_len, lower generator.sampling.max_tokens, or remove those prompts "
-            "from the dataset"
+            f"({limit_is}), rows {listed}; the longest, row {row}, has {longest}: {prompt[:80]!r}. "
+            f"{advice}, or remove those prompts from the dataset"
         )
 
 

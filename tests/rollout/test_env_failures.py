@@ -25,7 +25,7 @@ from forge.replay_buffer import ReplayBufferConfig
 from forge.rollout.env_failures import EnvFailures
 from forge.rollout.groups import TrajectoryLimits, run_groups
 from forge.rollout.step import RolloutCounts
-from forge.runs.guards import starvation_report
+from forge.runs.guards import starvation_message
 
 TOKENIZER = embedded_tokenizer()
 ROWS = [{"prompt": "1+2=", "index": 3}, {"prompt": "4+5=", "index": 9}]
@@ -205,26 +205,21 @@ def test_repeated_failures_are_logged_once_then_counted_per_step(caplog):
     assert lines[2].startswith("16 more environment step() failures (raised) in this rollout step")
 
 
-class Routed:
-    def __init__(self, value):
-        self.value = value
-
-    async def route(self, *args, **kwargs):
-        return self.value
+# The replay buffer's counts of a run that trained nothing.
+NOTHING_BUFFERED = {"added": 0, "evicted_stale": 0, "sampled": 0, "held": 0}
 
 
 def test_the_starvation_report_names_the_environment_that_failed():
     failures = EnvFailures()
     rollout(FailsOnChosenTurns, FakeGenerate(), retries=0, failures=failures)
-    buffer = type(
-        "Buffer", (), {"counts": Routed({"added": 0, "evicted_stale": 0, "sampled": 0, "held": 0})}
-    )()
-    reward = type("Reward", (), {"counts": Routed({"errors": 0, "timeouts": 0})})()
     env = EnvConfig(name=f"{__name__}:FailsOnChosenTurns", step_timeout_s=TIMEOUT_S, retries=0)
-    report = asyncio.run(
-        starvation_report(
-            RolloutCounts(groups_failed=2), buffer, reward, ReplayBufferConfig(), None, env, failures
-        )
+    report = starvation_message(
+        RolloutCounts(groups_failed=2),
+        NOTHING_BUFFERED,
+        {"errors": 0, "timeouts": 0},
+        ReplayBufferConfig(),
+        env,
+        failures,
     )
     assert (
         f"Environment {env.name}: 2 groups dropped for its failures, 1 calls past env.step_timeout_s=0.5 s, "
@@ -247,11 +242,10 @@ def test_the_starvation_report_names_the_environment_that_failed():
     ],
 )
 def test_the_starvation_report_names_the_cause_that_took_every_group(counts, rewards, cause):
-    buffer = type(
-        "Buffer", (), {"counts": Routed({"added": 0, "evicted_stale": 0, "sampled": 0, "held": 0})}
-    )()
-    reward = type("Reward", (), {"counts": Routed({"errors": rewards[0], "timeouts": rewards[1]})})()
-    report = asyncio.run(starvation_report(counts, buffer, reward, ReplayBufferConfig()))
+    errors, timeouts = rewards
+    report = starvation_message(
+        counts, NOTHING_BUFFERED, {"errors": errors, "timeouts": timeouts}, ReplayBufferConfig()
+    )
     if cause is None:
         assert "The cause" not in report
     else:

@@ -60,11 +60,24 @@ async def starvation_report(
     functions and server, and the reward models (`forge.rewards.models.RewardModels`,
     called from this process). With `env`, the environment's failures (`env_failures`) are
     named, and said to explain the starvation when they dropped as many groups as were kept."""
-    max_policy_age, batch_size = buffer_config.max_policy_age, buffer_config.batch_size
     buffer = await replay_buffer.counts.route()
     rewards = await reward.counts.route()
     if reward_models is not None:
         rewards = {kind: n + reward_models.counts[kind] for kind, n in rewards.items()}
+    return starvation_message(rollouts, buffer, rewards, buffer_config, env, env_failures)
+
+
+def starvation_message(
+    rollouts: RolloutCounts,
+    buffer: dict[str, int],
+    rewards: dict[str, int],
+    buffer_config,
+    env: EnvConfig | None = None,
+    env_failures: EnvFailures | None = None,
+) -> str:
+    """The report of `starvation_report` from the counts it gathered: the replay buffer's and the
+    rewards' (errors and timeouts of every source)."""
+    max_policy_age, batch_size = buffer_config.max_policy_age, buffer_config.batch_size
     return (
         f"Since the start: {rollouts.groups} groups generated, {rollouts.groups_skipped} skipped for no "
         f"signal (all rewards of the group equal; see rollout.skip_groups_without_signal), "

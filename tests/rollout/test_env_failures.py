@@ -1,20 +1,23 @@
-"""Environment failures in rollouts, in one process with a fake generator: deadlines on every
-environment call, reruns of the failed trajectories (not their groups), summarised warnings,
-and a starvation report that names the environment.
+"""Environment failures in rollouts, in one process with the native engine on a tiny model:
+deadlines on every environment call, reruns of the failed trajectories (not their groups),
+summarised warnings, and a starvation report that names the environment.
 
-The fake generator's samples say where they came from: sample j of a prompt with key k reads
-"k:j", which the test environments read to fail on chosen trajectories.
+The test environments fail chosen trajectories by the order of their calls (a rollout steps
+its trajectories in slot order: row by row, sample by sample), or by the row.
 """
 
 import asyncio
 import logging
 
 import pytest
+import torch
+from hf_checkpoints import tiny_qwen3_config
+from transformers import AutoModelForCausalLM
 
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.tokenizer import embedded_tokenizer
-from forge.data.types import Completion
-from forge.engines.generation import sample_seed
+from forge.engines.generation import SamplingParams, sample_seed, to_completions
+from forge.engines.hf_generate import HFGenerateEngine
 from forge.envs import EnvStep
 from forge.envs.base import Environment
 from forge.envs.config import EnvConfig
@@ -33,39 +36,50 @@ GROUP = 4
 TIMEOUT_S = 0.5
 
 
-class FakeGenerate:
-    """Answers every prompt with n samples "key:j" (key None: "-:j"), remembering each call."""
+@pytest.fixture(scope="module")
+def engine():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_qwen3_config(len(TOKENIZER), TOKENIZER.eos_token_id))
+    return HFGenerateEngine(model, eos_token_id=TOKENIZER.eos_token_id, tokenizer=TOKENIZER)
 
-    def __init__(self):
-        self.calls = []
+
+class RecordingGenerate:
+    """The engine behind `run_groups`, remembering each call's shape (prompts, sample keys, n)
+    and what it sampled."""
+
+    def __init__(self, engine):
+        self.engine, self.calls, self.outputs = engine, [], []
 
     async def __call__(self, prompt_ids, sample_keys, n, max_tokens, **sampling):
-        keys = sample_keys if sample_keys is not None else [None] * len(prompt_ids)
-        self.calls.append((len(prompt_ids), list(keys), n))
-        return [
-            [self._sample(ids, f"{'-' if k is None else k}:{j}") for j in range(n)]
-            for ids, k in zip(prompt_ids, keys, strict=True)
-        ]
+        outputs = self.engine.generate(
+            prompt_ids, SamplingParams(n=n, max_tokens=max_tokens, temperature=1.0, seed=0), sample_keys
+        )
+        self.calls.append(
+            (len(prompt_ids), list(sample_keys) if sample_keys else [None] * len(prompt_ids), n)
+        )
+        completions = to_completions([""] * len(prompt_ids), prompt_ids, outputs, TOKENIZER, 0)
+        self.outputs.append(completions)
+        return completions
 
-    @staticmethod
-    def _sample(ids, text):
-        response = TOKENIZER.encode(text, add_special_tokens=False)
-        return Completion("", list(ids), response, [0.0] * len(response), text, "stop", 0)
+
+def ids(completions) -> list[list[int]]:
+    return [c.response_ids for c in completions]
 
 
 class FailsOnChosenTurns(Environment):
-    """One step, then done; the first turns "3:1" raise and "9:2" hang (awaiting), and every
-    close is counted."""
+    """One step, then done. Of the first attempt's steps, in slot order, the second (row 3's
+    sample 1) raises and the seventh (row 9's sample 2) hangs (awaiting); every close is counted."""
 
-    closed = 0
+    closed = steps = 0
 
     async def reset(self, row):
         return [{"role": "user", "content": row["prompt"]}]
 
     async def step(self, text):
-        if text == "3:1":
+        type(self).steps += 1
+        if self.steps == 2:
             raise RuntimeError("the tool crashed")
-        if text == "9:2":
+        if self.steps == 7:
             await asyncio.sleep(1e6)
         return EnvStep([], reward=1.0, done=True)
 
@@ -163,44 +177,49 @@ def test_every_environment_call_has_a_deadline_and_a_failure_kind():
     assert [(f.call, f.kind) for f in closes] == [("close", "timeout")] * 2
 
 
-def test_a_failed_trajectory_is_rerun_and_its_group_kept():
+def test_a_failed_trajectory_is_rerun_and_its_group_kept(engine):
     pop_state()
-    FailsOnChosenTurns.closed = 0
-    generate = FakeGenerate()
+    FailsOnChosenTurns.closed = FailsOnChosenTurns.steps = 0
+    generate = RecordingGenerate(engine)
     groups = rollout(FailsOnChosenTurns, generate, retries=1)
     assert all(g is not None and len(g) == GROUP for g in groups)
     # The first turns in one call; the reruns' in one call, n=1 each, on streams of their own.
     retry_keys = [sample_seed(3, 1, -1), sample_seed(9, 2, -1)]
     assert generate.calls == [(2, [3, 9], GROUP), (2, retry_keys, 1)]
-    assert [c.text for c in groups[0]] == ["3:0", f"{retry_keys[0]}:0", "3:2", "3:3"]
-    assert [c.text for c in groups[1]] == ["9:0", "9:1", f"{retry_keys[1]}:0", "9:3"]
+    first, [[rerun_3], [rerun_9]] = generate.outputs
+    assert ids(groups[0]) == ids([first[0][0], rerun_3, first[0][2], first[0][3]])
+    assert ids(groups[1]) == ids([first[1][0], first[1][1], rerun_9, first[1][3]])
     assert env_metrics() == {"rollout/env_retries": 2, "rollout/env_timeouts": 1}
     assert FailsOnChosenTurns.closed == 2 * GROUP + 2  # every environment, the failed ones too
 
 
-def test_a_trajectory_that_fails_every_attempt_drops_its_group_only():
+def test_a_trajectory_that_fails_every_attempt_drops_its_group_only(engine):
     pop_state()
     FailsRow9.resets = 0
-    generate = FakeGenerate()
+    generate = RecordingGenerate(engine)
     failures = EnvFailures()
     groups = rollout(FailsRow9, generate, retries=1, failures=failures, sample_keys=None)
     assert groups[1] is None
     # Row 3's second slot did not open: its sample of the first call is not used, and it is
     # rerun alone.
     assert generate.calls[:2] == [(2, [None, None], GROUP), (1 + GROUP, [None] * (1 + GROUP), 1)]
-    assert [c.text for c in groups[0]] == ["-:0", "-:0", "-:2", "-:3"]
+    first, rerun = generate.outputs[:2]
+    assert ids(groups[0]) == ids([first[0][0], rerun[0][0], first[0][2], first[0][3]])
     assert env_metrics() == {"rollout/env_retries": 1 + GROUP, "rollout/env_failures": 1}
     assert (failures.groups_dropped, failures.retries, failures.timeouts) == (1, 1 + GROUP, 0)
 
 
-def test_repeated_failures_are_logged_once_then_counted_per_step(caplog):
+def test_repeated_failures_are_logged_once_then_counted_per_step(engine, caplog):
     failures = EnvFailures()
     with caplog.at_level(logging.WARNING):
         for _ in range(2):  # two rollout steps, 16 failures each
-            assert rollout(AlwaysRaises, FakeGenerate(), retries=1, failures=failures) == [None, None]
+            assert rollout(AlwaysRaises, RecordingGenerate(engine), retries=1, failures=failures) == [
+                None,
+                None,
+            ]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3
-    assert lines[0].startswith(f"{__name__}:AlwaysRaises.step() raised RuntimeError: flaky tool on 3:0")
+    assert lines[0].startswith(f"{__name__}:AlwaysRaises.step() raised RuntimeError: flaky tool on")
     assert lines[1].startswith("15 more environment step() failures (raised) in this rollout step")
     assert lines[2].startswith("16 more environment step() failures (raised) in this rollout step")
 
@@ -209,9 +228,10 @@ def test_repeated_failures_are_logged_once_then_counted_per_step(caplog):
 NOTHING_BUFFERED = {"added": 0, "evicted_stale": 0, "sampled": 0, "held": 0}
 
 
-def test_the_starvation_report_names_the_environment_that_failed():
+def test_the_starvation_report_names_the_environment_that_failed(engine):
     failures = EnvFailures()
-    rollout(FailsOnChosenTurns, FakeGenerate(), retries=0, failures=failures)
+    FailsOnChosenTurns.steps = 0
+    rollout(FailsOnChosenTurns, RecordingGenerate(engine), retries=0, failures=failures)
     env = EnvConfig(name=f"{__name__}:FailsOnChosenTurns", step_timeout_s=TIMEOUT_S, retries=0)
     report = starvation_message(
         RolloutCounts(groups_failed=2),

@@ -273,27 +273,39 @@ def test_sft_from_a_checkpoint_keeps_its_model(tmp_path):
     assert load_config(SFTConfig, run_dir / "config.yaml").trainer.engine.model.vocab_size is None
 
 
-def test_sft_on_your_file_takes_the_tokenizer_of_your_checkpoint(tmp_path):
-    """No tokenizer_path: a checkpoint directory holds its tokenizer, and SFT on a data file
-    takes it from trainer.engine.model.hf_path."""
+def test_sft_on_your_chat_files_runs_as_the_readme_says_with_your_checkpoints_tokenizer(tmp_path):
+    """The README's recipe for your own data, on chat (`messages`) files: no tokenizer_path (a
+    checkpoint directory holds its tokenizer, taken from trainer.engine.model.hf_path), and the
+    greedy generation eval on the eval file's prompts, each chat's last answer its target."""
     source = make_checkpoint(tmp_path, "qwen3_untied")
-    data = tmp_path / "train.jsonl"
-    data.write_text(
-        "".join(json.dumps({"prompt": f"{a}+1=", "completion": str(a + 1)}) + "\n" for a in range(32))
-    )
+    for name, count in (("train", 32), ("eval", 4)):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": f"{a}+1="},
+                            {"role": "assistant", "content": str(a + 1)},
+                        ]
+                    }
+                )
+                + "\n"
+                for a in range(count)
+            )
+        )
     run_dir = tmp_path / "run"
-    rows, _ = run_app(
+    rows, printed = run_app(
         run_dir,
         "max_steps=2",
         "data.batch_size=8",
         "~data.embedded_task",
-        f"data.path={data}",
-        "data.format=prompt_completion",
+        f"data.path={tmp_path / 'train.jsonl'}",
+        f"data.eval_path={tmp_path / 'eval.jsonl'}",
         f"trainer.engine.model.hf_path={source}",
         "~trainer.engine.model.name",
         "~trainer.engine.model.flavor",
-        "~generation_eval",
-        "~export_dir",
     )
     assert sorted(by_step(rows, "train/loss")) == [1, 2]
+    assert "greedy exact match of the export: " in printed and "on 4 eval prompts" in printed
+    assert any("eval/greedy_exact_match" in row for row in rows)
     assert (run_dir / "tokenizer" / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()

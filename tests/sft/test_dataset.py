@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from forge.sft.dataset import SFTDataConfig, build_sft_data, build_sft_loader
+from forge.sft.dataset import SFTDataConfig, build_sft_data, build_sft_loader, generation_eval_rows
 from forge.sft.masking import render_messages
 
 CHATML_TEMPLATE = (
@@ -240,3 +240,31 @@ def test_a_template_whose_turn_end_depends_on_the_position_is_rejected(tmp_path)
     path = write_rows(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}])
     with pytest.raises(ValueError, match=r"row 1: cannot locate assistant message 2 .* end-of-turn marker"):
         build_sft_data(SFTDataConfig(path=path), char_tokenizer(template))
+
+
+def test_the_generation_eval_reads_chat_prompts_and_their_last_answers(tmp_path):
+    chats = [
+        [{"role": "user", "content": "1+2="}, {"role": "assistant", "content": "3"}],
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "2+2="},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "and 3+3="},
+            {"role": "assistant", "content": "6"},
+        ],
+    ]
+    path = write_rows(tmp_path / "chat.jsonl", [{"messages": m} for m in chats])
+    rows = generation_eval_rows(SFTDataConfig(path=path, eval_path=path), "target")
+    assert rows == [{"prompt": chats[0][:1], "target": "3"}, {"prompt": chats[1][:4], "target": "6"}]
+    # Prompt/completion data without a target column: the completion is the target.
+    pairs = write_rows(tmp_path / "pairs.jsonl", [{"prompt": "5+5=", "completion": "10"}])
+    assert generation_eval_rows(SFTDataConfig(path=pairs, eval_path=pairs), "target") == [
+        {"prompt": "5+5=", "target": "10"}
+    ]
+    opens_with_answer = write_rows(
+        tmp_path / "bad.jsonl", [{"messages": [{"role": "assistant", "content": "3"}]}]
+    )
+    with pytest.raises(ValueError, match=r"bad.jsonl: row 1: the generation eval needs .*~generation_eval"):
+        generation_eval_rows(SFTDataConfig(path=opens_with_answer, eval_path=opens_with_answer), "target")
+    with pytest.raises(ValueError, match="data.eval_path, which is unset"):
+        generation_eval_rows(SFTDataConfig(path=path, eval_fraction=0.5), "target")

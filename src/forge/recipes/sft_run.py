@@ -18,7 +18,6 @@ import torch
 from forge.actors.trainer import TitanTrainer
 from forge.config import config_to_dict
 from forge.controller import shutdown
-from forge.data.prompts import read_prompt_target_rows
 from forge.engines.titan.checkpoint_model import check_model_section
 from forge.observability import Reduce, get_metric_logger, record_metric
 from forge.observability.backends import drop_metrics_after
@@ -38,7 +37,7 @@ from forge.runs.checks import check_no_earlier_metrics
 from forge.runs.storage import check_writable_dir
 from forge.sft.batches import SFTDataLoader
 from forge.sft.config import SFTConfig
-from forge.sft.dataset import build_sft_loader
+from forge.sft.dataset import build_sft_loader, generation_eval_rows
 
 Report = Callable[[str], None]
 
@@ -117,12 +116,9 @@ def prepare(cfg: SFTConfig) -> SFTStart:
     )
     generation_rows = None
     if cfg.generation_eval is not None:
-        generation_rows = read_prompt_target_rows(
-            prepared.config.eval_path,
-            cfg.data.prompt_column,
-            cfg.generation_eval.target_column,
-            "data.prompt_column / generation_eval.target_column, which generation_eval reads",
-        )[: cfg.generation_eval.num_prompts]
+        generation_rows = generation_eval_rows(prepared.config, cfg.generation_eval.target_column)[
+            : cfg.generation_eval.num_prompts
+        ]
     return SFTStart(prepared, loader, generation_rows)
 
 

@@ -200,6 +200,45 @@ def _pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
     return pad_id
 
 
+def generation_eval_rows(config: SFTDataConfig, target_column: str) -> list[dict]:
+    """The eval split's ``{"prompt", "target"}`` rows for the greedy generation eval, in the
+    data's own form: a chat's messages before its last assistant message, with that message's
+    text as the target; or the prompt column with ``target_column``, else with the completion
+    (prompt/completion data). Rows count from 1 in errors."""
+    from forge.data.files import load_split
+    from forge.data.prompts import read_prompt_target_rows
+
+    path = config.eval_path
+    if path is None:  # the held-out share of data.path is rows of the training file: not read here
+        raise ValueError(
+            "generation_eval reads its prompts from data.eval_path, which is unset: set it, or set "
+            "~generation_eval to leave the greedy eval out"
+        )
+    columns = load_split(path, "train").column_names
+    if config.prompt_column in columns or config.messages_column not in columns:
+        if target_column not in columns and config.completion_column in columns:
+            target_column = config.completion_column
+        return read_prompt_target_rows(
+            path,
+            config.prompt_column,
+            target_column,
+            "data.prompt_column / generation_eval.target_column, which generation_eval reads",
+        )
+    rows = []
+    for index, row in enumerate(load_split(path, "train"), start=1):
+        messages = row[config.messages_column]
+        answers = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        if not answers or answers[-1] == 0:
+            raise ValueError(
+                f"{path}: row {index}: the generation eval needs messages that end in an assistant "
+                "answer after at least one other message (the prompt); fix the row, or set "
+                "~generation_eval to leave the greedy eval out"
+            )
+        last = answers[-1]
+        rows.append({"prompt": list(messages[:last]), "target": str(messages[last]["content"])})
+    return rows
+
+
 def resolve_format(
     columns: list[str],
     source: str,

@@ -18,6 +18,7 @@ from forge.controller import shutdown
 from forge.observability.collector import pop_state
 from forge.rewards.remote import RemoteRewardConfig
 from forge.rewards.scorer import RewardScorer
+from forge.runs.checks import check_reward_server
 
 # A request of the server's rendezvous waits at most this long for the others.
 RENDEZVOUS_S = 5.0
@@ -254,3 +255,22 @@ def test_the_reward_actor_scores_with_functions_a_group_function_and_the_server_
     assert sorted(server.batches[:3]) == [1, 3, 3]  # 7 responses of one rollout, in 3 requests
     assert failed == [[(1.0 + 0.5 + 0.0, {"toy_task": 1.0, distinct: 1.0, "remote": 0.0})]]
     assert counts == {"errors": 0, "timeouts": 1}
+
+
+@pytest.mark.parametrize("how", ["right", "404", "not_json", "down"])
+def test_the_check_before_a_run_refuses_a_server_that_is_down_or_breaks_the_protocol(server, how):
+    row = {"prompt": "1+1=", "target": "2"}
+    if how == "down":
+        server.close()
+    elif how != "right":
+        server.plan.append(how)
+    remote = RemoteRewardConfig(url=server.url, retries=3)
+    if how == "right":
+        check_reward_server(remote, row)
+        assert server.batches == [1]  # one request of one response
+        return
+    with pytest.raises(ValueError) as refused:
+        check_reward_server(remote, row)
+    assert str(refused.value).startswith(f"reward.remote.url: the reward server at {server.url} ")
+    assert {"404": "HTTP 404", "not_json": 'not {"scores"', "down": "failed"}[how] in str(refused.value)
+    assert len(server.batches) == (0 if how == "down" else 1)  # not sent again

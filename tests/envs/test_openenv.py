@@ -210,3 +210,25 @@ def test_failures_reach_local_environments_as_env_failures():
     )
     [failure] = asyncio.run(envs.reset(["a"], [{"prompt": "hi"}]))
     assert isinstance(failure, EnvFailure) and "cannot reach an OpenEnv server" in failure.message
+
+
+def test_the_check_before_a_run_refuses_a_server_that_is_down_too_small_or_otherwise_named(servers):
+    def check(sessions: int, **params) -> str | None:
+        try:
+            asyncio.run(OpenEnvEnvironment.check_before_run(params, sessions, {"prompt": "guess"}))
+        except ValueError as e:
+            return str(e)
+        return None
+
+    assert check(2, base_url=servers["two"]) is None
+    too_small = check(2, base_url=servers["one"])
+    assert too_small.startswith("with 2 sessions open at once, as the run holds them: ")
+    assert servers["one"] in too_small and "max_concurrent_envs" in too_small
+    assert "env.params.action_field ('guess')" in check(1, base_url=servers["two"], action_field="guess")
+    assert "observation_field: 'text' is not a field" in check(
+        1, base_url=servers["two"], observation_field="text"
+    )
+    down = f"http://127.0.0.1:{free_port()}"
+    assert f"cannot reach an OpenEnv server at '{down}'" in check(1, base_url=down)
+    # The server holds no session of the check's afterwards: a run can open its own.
+    assert check(1, base_url=servers["one"]) is None

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,28 @@ def test_prompts_that_fill_a_tool_environments_budget_are_refused_before_start(w
     err = refused_before_start(capsys, config)
     assert "training prompts are longer than 5 tokens (env.max_tokens 6 - 1" in err
     assert "Raise env.max_tokens (up to trainer.engine.training.seq_len), or remove those prompts" in err
+
+
+def test_an_environment_server_or_reward_server_that_is_down_is_refused_before_start(
+    write_grpo_config, capsys
+):
+    """What a run talks to outside is checked before any process starts (the checks themselves:
+    tests/envs/test_openenv.py and tests/data/test_remote_reward.py)."""
+    pytest.importorskip("openenv.core", reason="needs openenv-core (make install)")
+    down = f"http://127.0.0.1:{free_port()}"
+    env = f"{{name: 'forge.envs.openenv:OpenEnvEnvironment', params: {{base_url: '{down}'}}}}"
+    err = refused_before_start(capsys, write_grpo_config(env=env))
+    assert err.startswith("env forge.envs.openenv:OpenEnvEnvironment failed its check before the run: with ")
+    assert f"cannot reach an OpenEnv server at '{down}'" in err
+    reward = f"{{functions: [{{name: toy_task}}], remote: {{url: '{down}/score'}}}}"
+    err = refused_before_start(capsys, write_grpo_config(reward=reward))
+    assert err.startswith(f"reward.remote.url: the reward server at {down}/score failed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_a_fresh_run_does_not_append_to_an_earlier_runs_metrics(write_grpo_config, capsys):

@@ -42,7 +42,8 @@ def by_characters(prompt, response, target):
 
 
 class ScoringServer(BaseHTTPRequestHandler):
-    """Scores len(response) % 3; leaves its first request without an answer."""
+    """Scores len(response) % 3; leaves the run's first request without an answer (the one
+    before it is the check before the run, of one response)."""
 
     batches: list[int] = []
     release = threading.Event()
@@ -50,7 +51,7 @@ class ScoringServer(BaseHTTPRequestHandler):
     def do_POST(self):
         items = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["items"]
         self.batches.append(len(items))
-        if len(self.batches) == 1:
+        if len(self.batches) == 2:
             self.release.wait()
             return
         body = json.dumps({"scores": [len(item["response"]) % 3 for item in items]}).encode()
@@ -125,6 +126,6 @@ def test_a_run_with_hostile_rewards_completes_and_counts_their_errors(
     assert sum(r.get("eval/reward/hostile_rewards:raises/errors", 0) for r in rows) == 32
     assert all(r["eval/accuracy"] == 0.0 for r in rows)
     # Each rollout: 2 prompts x 4 responses, in two requests of 4 (and the hung one's retry).
-    assert ScoringServer.batches and set(ScoringServer.batches) == {4}
+    assert ScoringServer.batches[0] == 1 and set(ScoringServer.batches[1:]) == {4}
     children_left(15)  # actor processes take a moment to exit after their mesh is stopped
     assert reward_workers(marker) == []

@@ -69,6 +69,13 @@ class Environment:
     async def close(self) -> None:
         """Releases what the trajectory held (a server session, a sandbox); runs once, at the end."""
 
+    @classmethod
+    async def check_before_run(cls, params: dict[str, Any], sessions: int, row: dict) -> None:
+        """Checks, before any process of a run starts, what this environment needs from outside
+        it (a server: reachable, ``sessions`` trajectories open at once, the fields it reads);
+        raises saying what to fix. ``row``: the run's first training row. Nothing by default:
+        an environment of this process alone was built once already, which checks its params."""
+
 
 def load_environment_class(name: str) -> type[Environment]:
     """The class named ``"package.module:Class"``; raises ``ValueError`` saying what is wrong."""

@@ -32,7 +32,9 @@ Params:
 
 The server must hold as many sessions as trajectories run at once (rows per step times
 ``group_size``): ``create_app(..., max_concurrent_envs=N)``, whose default is 1, and N > 1 needs
-``SUPPORTS_CONCURRENT_SESSIONS = True`` on the server's environment class.
+``SUPPORTS_CONCURRENT_SESSIONS = True`` on the server's environment class. Before a run starts
+(``check_before_run``) that many sessions are opened at once and one of them steps once, so a
+server that is down, too small, or whose fields are named otherwise is refused before training.
 
 Needs openenv-core, installed with ``pip install --no-deps openenv-core==0.3.0`` after
 ``pip install -c requirements/lock.txt fastmcp``: its metadata also requires gradio (for the
@@ -41,6 +43,7 @@ server's web UI only), which conflicts with forge's pins.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Sequence
@@ -119,6 +122,27 @@ class OpenEnvEnvironment(Environment):
         if self._client is not None:
             client, self._client = self._client, None
             await client.close()  # ends the server's session; never raises
+
+    @classmethod
+    async def check_before_run(cls, params: dict[str, Any], sessions: int, row: dict) -> None:
+        """Opens ``sessions`` sessions at once, each reset with ``row``, and steps one of them with
+        an empty turn: the server is reachable, holds the run's sessions, takes the action field
+        and answers with the observation field; raises the first failure, saying so."""
+        envs = [cls(**params) for _ in range(sessions)]
+        try:
+            openings = await asyncio.gather(*(env.reset(row) for env in envs), return_exceptions=True)
+            failed = next((o for o in openings if isinstance(o, BaseException)), None)
+            if failed is None:
+                try:
+                    await envs[0].step("")
+                except Exception as e:
+                    failed = e
+            if failed is not None:
+                raise ValueError(
+                    f"with {sessions} sessions open at once, as the run holds them: {failed}"
+                ) from None
+        finally:
+            await asyncio.gather(*(env.close() for env in envs))
 
     def _opening(self, row: dict, text: str) -> list[Message]:
         messages: list[Message] = []

@@ -113,6 +113,19 @@ class RemoteScorer:
             [self._pool.submit(self._score_batch, items[i : i + size]) for i in range(0, len(items), size)]
         )
 
+    def check(self, item: tuple[str, str, str]) -> None:
+        """One request of one item, not sent again: a server that is down, or answers otherwise
+        than the protocol says, is refused naming reward.remote.url (checked before a run)."""
+        body = json.dumps({"items": [{"prompt": item[0], "response": item[1], "target": item[2]}]}).encode()
+        try:
+            self._post(body, 1)
+        except RequestFailed as failure:
+            raise ValueError(
+                f"reward.remote.url: the reward server at {self.cfg.url} {failure.why} when asked to score "
+                "one response before the run: start it, or fix reward.remote.url (the protocol: "
+                "forge.rewards.remote)"
+            ) from None
+
     def close(self) -> None:
         """Stops sending: batches not started yet are dropped, requests in flight end on their own."""
         self._pool.shutdown(wait=False, cancel_futures=True)

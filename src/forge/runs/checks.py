@@ -1,11 +1,15 @@
 """Start-up checks of a GRPO run's inputs, made before any process starts.
 
 Each would otherwise fail deep inside an actor, or worse, train on something wrong
-without failing: a prompt too long for the trainer's sequence length.
+without failing: a prompt too long for the trainer's sequence length. What the run talks to
+outside is checked too: an environment's server (``Environment.check_before_run``: reachable,
+with as many sessions as the run holds, the fields it reads) and the reward server (one request).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 from forge.data.prompts import Row, load_prompt_rows
@@ -43,6 +47,7 @@ def check_run_inputs(cfg: GRPOConfig) -> None:
         from forge.envs.sessions import LocalEnvironments
 
         envs = LocalEnvironments(cfg.env.name, cfg.env.params, step_timeout_s=cfg.env.step_timeout_s)
+        check_environment(cfg, envs.cls, train[0])
         if envs.cls.opens_with_row_prompt:
             budget = cfg.env.max_tokens or seq_len
             check_prompt_lengths(
@@ -56,8 +61,36 @@ def check_run_inputs(cfg: GRPOConfig) -> None:
                 envs.cls(**envs.params).tools,
             )
     check_eval_set(evaluation, cfg.eval.every)
+    if cfg.reward.remote is not None:
+        check_reward_server(cfg.reward.remote, train[0])
     check_reward_models(cfg.reward.models)
     check_output_dirs(cfg)  # last: it creates output_dir, which a refused run should not leave
+
+
+def check_environment(cfg: GRPOConfig, env_class, row: Row) -> None:
+    """What the environment needs from outside (its server), checked with as many trajectories
+    open at once as the run holds: each rollout thread's rows times group_size, and the eval's."""
+    sessions = cfg.rollout.threads * cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    if cfg.eval.every:
+        sessions += cfg.eval.num_prompts
+    try:
+        asyncio.run(env_class.check_before_run(dict(cfg.env.params), sessions, row))
+    except Exception as e:
+        raise ValueError(f"env {cfg.env.name} failed its check before the run: {e}") from None
+
+
+def check_reward_server(remote, row: Row) -> None:
+    """The reward server scores one response (the first training row's prompt, answered with
+    nothing) by its protocol, before the run."""
+    from forge.rewards.failures import RewardFailures
+    from forge.rewards.remote import RemoteScorer
+
+    scorer = RemoteScorer(remote, RewardFailures())
+    try:
+        prompt = row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"])
+        scorer.check((prompt, "", str(row.get("target", ""))))
+    finally:
+        scorer.close()
 
 
 # What config.json's `architectures` of each kind of reward model ends with.

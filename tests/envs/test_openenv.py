@@ -2,6 +2,7 @@
 as a subprocess: messages, rewards and done over several turns, concurrent sessions, errors."""
 
 import asyncio
+import logging
 import socket
 import subprocess
 import sys
@@ -14,8 +15,13 @@ import pytest
 pytest.importorskip("openenv.core", reason="needs openenv-core (make install)")
 
 from forge.envs.base import EnvStep  # noqa: E402
+from forge.envs.config import EnvConfig  # noqa: E402
 from forge.envs.openenv import OpenEnvEnvironment  # noqa: E402
 from forge.envs.sessions import EnvFailure, LocalEnvironments, Opening  # noqa: E402
+from forge.replay_buffer import ReplayBufferConfig  # noqa: E402
+from forge.rollout.env_failures import EnvFailures  # noqa: E402
+from forge.rollout.step import RolloutCounts  # noqa: E402
+from forge.runs.guards import starvation_message  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -232,3 +238,46 @@ def test_the_check_before_a_run_refuses_a_server_that_is_down_too_small_or_other
     assert f"cannot reach an OpenEnv server at '{down}'" in check(1, base_url=down)
     # The server holds no session of the check's afterwards: a run can open its own.
     assert check(1, base_url=servers["one"]) is None
+
+
+def test_a_server_that_dies_mid_run_fails_its_trajectories_summarised_and_the_starvation_names_it(
+    tmp_path, caplog
+):
+    """The server goes away after the trajectories opened: each step fails (no traceback, no
+    retry storm), the failures are logged once in full and then counted, and a starving run's
+    message names the environment."""
+    process, url = start_server(4, tmp_path / "server.log")
+    wait_until_up(process, url, tmp_path / "server.log")
+    name = "forge.envs.openenv:OpenEnvEnvironment"
+    envs = LocalEnvironments(name, {"base_url": url}, step_timeout_s=10)
+    ids = ["a", "b", "c", "d"]
+
+    async def run():
+        try:
+            openings = await envs.reset(ids, [{}] * 4)
+            process.kill()
+            process.wait()
+            return openings, await envs.step(ids, ["50"] * 4)
+        finally:
+            await envs.close(ids)
+
+    openings, steps = asyncio.run(run())
+    assert all(isinstance(o, Opening) for o in openings)
+    assert all(isinstance(s, EnvFailure) and s.kind == "raised" and url in s.message for s in steps)
+    failures = EnvFailures()
+    with caplog.at_level(logging.WARNING, logger="forge.rollout.env_failures"):
+        failures.report(steps)
+        failures.dropped(4)
+    assert [r.getMessage().split(" (")[0][:40] for r in caplog.records][1:] == [
+        "3 more environment step() failures"
+    ]
+    report = starvation_message(
+        RolloutCounts(groups_failed=4),
+        {"added": 0, "evicted_stale": 0, "sampled": 0, "held": 0},
+        {"errors": 0, "timeouts": 0},
+        ReplayBufferConfig(),
+        EnvConfig(name=name),
+        failures,
+    )
+    assert f"Environment {name}: 4 groups dropped for its failures" in report
+    assert "The environment's failures explain the starvation" in report

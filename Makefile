@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 CONFIG ?= configs/grpo/tiny_cpu.yaml
 
-.PHONY: install grpo grpo-tool sft test test-fast lint format bench clean
+.PHONY: install grpo grpo-tool grpo-gpu sft test test-fast lint format bench clean
 
 install:
 	@bash scripts/install.sh
@@ -13,6 +13,10 @@ grpo: install
 # The agent demo: the tiny model learns to call a calculator (configs/grpo/tool_cpu.yaml).
 grpo-tool: install
 	$(PY) -m apps.grpo.main --config configs/grpo/tool_cpu.yaml $(ARGS)
+
+# The GPU demo: a 40x larger model learns the embedded task on one GPU (configs/grpo/gpu_demo.yaml).
+grpo-gpu: install
+	$(PY) -m apps.grpo.main --config configs/grpo/gpu_demo.yaml $(ARGS)
 
 sft: install
 	$(PY) -m apps.sft.main --config configs/sft/tiny_cpu.yaml $(ARGS)

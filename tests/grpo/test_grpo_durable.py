@@ -117,7 +117,7 @@ def test_faults_cost_nothing_and_the_run_checkpoints_and_exports(
     run = tmp_path / "run"
     faulted: list[int] = []
     faults = kill_one_generator_replica_and_stop_the_other(run / "metrics.jsonl", faulted)
-    liveness = ["generator.deadline.base_s=20", "generator.probe.every_s=1", "generator.probe.timeout_s=5"]
+    liveness = ["generator.deadline.base_s=10", "generator.probe.every_s=1", "generator.probe.timeout_s=5"]
     history = main(
         [
             "--config",

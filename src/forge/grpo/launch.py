@@ -31,20 +31,16 @@ from forge.runs.grpo_loops import GRPOActors
 from forge.weight_sync import resolve_transport
 
 
-def pad_id(cfg: GRPOConfig) -> int:
-    from transformers import AutoTokenizer
+def pad_id(tokenizer) -> int:
+    """What pads the generator's ids in training batches."""
+    return tokenizer.pad_token_id or 0
 
-    return AutoTokenizer.from_pretrained(cfg.policy_path).pad_token_id or 0
 
-
-def turn_renderer(cfg: GRPOConfig) -> TurnRenderer:
+def turn_renderer(cfg: GRPOConfig, tokenizer) -> TurnRenderer:
     """The chat template of the generator's tokenizer, for opening prompts and environment turns."""
-    from transformers import AutoTokenizer
-
-    prompts = PromptRenderer(
-        AutoTokenizer.from_pretrained(cfg.generator.model_path), cfg.dataset.chat_template
+    return TurnRenderer(
+        PromptRenderer(tokenizer, cfg.dataset.chat_template), cfg.generator.sampling.stop_token_ids
     )
-    return TurnRenderer(prompts, cfg.generator.sampling.stop_token_ids)
 
 
 async def launch_generator(cfg: GRPOConfig, gpus: bool, transport: str) -> Any:
@@ -104,11 +100,11 @@ async def launch_replay_buffer(cfg: GRPOConfig, pad: int, recorder: RolloutRecor
 
 
 async def launch_actors(
-    cfg: GRPOConfig, recorder: RolloutRecorder | None, eval_scorer: RewardScorer
+    cfg: GRPOConfig, recorder: RolloutRecorder | None, eval_scorer: RewardScorer, tokenizer
 ) -> GRPOActors:
     """Every actor of the run, launched together; the eval scorer's worker starts meanwhile (not
-    on the initial eval's time)."""
-    pad = pad_id(cfg)
+    on the initial eval's time). `tokenizer`: the generator's."""
+    pad = pad_id(tokenizer)
     transport = resolve_transport(cfg.generator.weight_transport, one_host=not cfg.provisioner.hosts)
     gpus = torch.cuda.is_available()
     (
@@ -136,7 +132,7 @@ async def launch_actors(
     )
     rollouts = Rollouts(
         generator,
-        turn_renderer(cfg),
+        turn_renderer(cfg, tokenizer),
         cfg.generator.sampling.max_tokens,
         envs,
         cfg.trajectory_limits,

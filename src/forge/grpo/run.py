@@ -58,9 +58,11 @@ def check_start(cfg: GRPOConfig) -> GpuPlan | None:
 async def run(cfg: GRPOConfig, plan: GpuPlan | None, report: Report) -> dict:
     """The run; `plan` places its model actors on this host's GPUs (`forge.runs.placement`)."""
     torch.manual_seed(cfg.seed)
-    # The trainer and the reference score the ids the generator samples, those its tokenizer
-    # decodes (a checkpoint may have more vocabulary rows).
-    cfg.trainer.engine.model.sampled_rows = len(AutoTokenizer.from_pretrained(cfg.generator.model_path))
+    # The generator's tokenizer, loaded once: it renders the prompts, pads the batches, and says
+    # which ids the trainer and the reference score, those the generator samples (a checkpoint
+    # may have more vocabulary rows).
+    tokenizer = AutoTokenizer.from_pretrained(cfg.generator.model_path)
+    cfg.trainer.engine.model.sampled_rows = len(tokenizer)
     # A full or read-only disk met anywhere in this process (the config, metric and record
     # files, a checkpoint) stops the run naming the file, for the app to say where to resume.
     with stop_on_storage_errors(cfg.output_dir):
@@ -74,13 +76,13 @@ async def run(cfg: GRPOConfig, plan: GpuPlan | None, report: Report) -> dict:
         await init_provisioner(cfg.provisioner, seed=cfg.seed, plan=plan)
         try:
             if cfg.rollout.replay_from:
-                return await _replay(cfg)
-            return await _train(cfg, report)
+                return await _replay(cfg, pad_id(tokenizer))
+            return await _train(cfg, report, tokenizer)
         finally:
             await shutdown()
 
 
-async def _replay(cfg: GRPOConfig) -> dict:
+async def _replay(cfg: GRPOConfig, pad: int) -> dict:
     """Train-only debugging: the recorded run's batches, with no generator, reward or reference."""
     steps = await replay_training(
         cfg.rollout.replay_from,
@@ -88,7 +90,7 @@ async def _replay(cfg: GRPOConfig) -> dict:
         trainer_loss=cfg.trainer.loss,
         trainer_procs=cfg.trainer.procs,
         dp_size=cfg.dp_size,
-        pad_id=pad_id(cfg),
+        pad_id=pad,
         max_steps=cfg.max_steps,
         metrics=cfg.metrics,
         run_config=config_to_dict(cfg),
@@ -96,7 +98,7 @@ async def _replay(cfg: GRPOConfig) -> dict:
     return {"eval_accuracy": [], "replayed_steps": steps}
 
 
-async def _train(cfg: GRPOConfig, report: Report) -> dict:
+async def _train(cfg: GRPOConfig, report: Report, tokenizer) -> dict:
     metric_logger = await get_metric_logger(cfg.metrics, config_to_dict(cfg))
     await store.initialize()
     # The eval's reward runs contained like the training rewards: a call that raises or hangs
@@ -117,7 +119,7 @@ async def _train(cfg: GRPOConfig, report: Report) -> dict:
         # Closed when the loops have stopped: a failure to write the last records stops a run
         # that ended well, and never hides the error a run stopped with (RolloutRecorder.__exit__).
         with recorder or contextlib.nullcontext():
-            actors = await launch_actors(cfg, recorder, eval_scorer)
+            actors = await launch_actors(cfg, recorder, eval_scorer, tokenizer)
             generator = actors.rollouts.generator
             if cfg.provisioner.hosts:
                 report((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))

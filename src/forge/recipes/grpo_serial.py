@@ -58,7 +58,7 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
         torch.set_num_threads(cfg.actor_threads)
     torch.manual_seed(cfg.seed)
     pop_state()  # this run's metrics only
-    tokenizer = AutoTokenizer.from_pretrained(cfg.policy_path)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.generator.model_path)  # the sampler's, as the app
     pad_id = tokenizer.pad_token_id or 0
 
     # The policy is trained by TorchTitan and sampled by a separate engine, as in the app:

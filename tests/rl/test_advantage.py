@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from forge.rl.advantage import group_advantages, has_signal
+from forge.rl.advantage import gae, group_advantages, has_signal
 
 
 def ref_advantages(group: list[float], mode: str, eps: float) -> list[float]:
@@ -79,3 +79,57 @@ def test_has_signal():
     assert has_signal(GROUPS).tolist() == [True, True, False]
     with pytest.raises(ValueError, match=r"got \(\)"):
         has_signal(torch.tensor(1.0))
+
+
+def ref_gae(rewards: list[float], values: list[float], mask: list[int], gamma: float, lam: float):
+    """One sequence, by the definition: the response tokens in order (masked-out ones are no step),
+    delta_k = r_k + gamma * V_{k+1} - V_k with V past the last one 0, and A_k the sum of
+    (gamma * lam)^(j - k) * delta_j for j from k."""
+    steps = [t for t, m in enumerate(mask) if m]
+    r = [rewards[t] for t in steps]
+    v = [values[t] for t in steps] + [0.0]
+    deltas = [r[k] + gamma * v[k + 1] - v[k] for k in range(len(steps))]
+    advantages, returns = [0.0] * len(mask), [0.0] * len(mask)
+    for k, t in enumerate(steps):
+        advantages[t] = sum((gamma * lam) ** (j - k) * deltas[j] for j in range(k, len(steps)))
+        returns[t] = advantages[t] + v[k]
+    return advantages, returns
+
+
+@pytest.mark.parametrize(
+    "gamma, lam", [(1.0, 1.0), (0.0, 1.0), (1.0, 0.0), (0.0, 0.0), (0.99, 0.95), (0.9, 1.0)]
+)
+def test_gae_matches_the_definition_for_random_rewards_values_and_masks(gamma, lam):
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.randn(6, 9, generator=g, dtype=torch.float64)
+    values = torch.randn(6, 9, generator=g, dtype=torch.float64)
+    mask = (torch.rand(6, 9, generator=g) > 0.3).long()
+    # Sequences of different lengths (right padding), one with no response token, one whole.
+    mask[1, 4:] = 0
+    mask[2] = 0
+    mask[3] = 1
+    advantages, returns = gae(rewards, values, mask, gamma, lam)
+    assert advantages.dtype == returns.dtype == torch.float64
+    for i in range(6):
+        want_a, want_r = ref_gae(rewards[i].tolist(), values[i].tolist(), mask[i].tolist(), gamma, lam)
+        torch.testing.assert_close(
+            advantages[i], torch.tensor(want_a, dtype=torch.float64), rtol=0, atol=1e-12
+        )
+        torch.testing.assert_close(returns[i], torch.tensor(want_r, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+def test_gae_at_lambda_one_is_the_discounted_return_minus_the_value():
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=torch.float64)
+    values = torch.tensor([[0.5, 0.2, 0.7, 9.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0]])
+    advantages, returns = gae(rewards, values, mask, gamma=0.5, lam=1.0)
+    torch.testing.assert_close(returns, torch.tensor([[0.25, 0.5, 1.0, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(advantages, returns - torch.where(mask.bool(), values, 0.0))
+
+
+def test_gae_refuses_shapes_and_factors_out_of_range():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="must be \\[batch, tokens\\] alike"):
+        gae(x, torch.zeros(2, 4), x)
+    with pytest.raises(ValueError, match="gamma and lam must be in \\[0, 1\\]"):
+        gae(x, x, x, gamma=1.5)

@@ -1,4 +1,5 @@
-"""Group-relative advantages: each prompt's completions are scored against each other."""
+"""Advantages: group-relative (each prompt's completions are scored against each other), and
+generalized advantage estimation over the response tokens from a critic's values (``gae``)."""
 
 from typing import Literal
 
@@ -57,3 +58,44 @@ def has_signal(rewards: Tensor) -> bool | Tensor:
     _check_rewards("has_signal", rewards)
     differs = rewards.amax(-1) > rewards.amin(-1)
     return bool(differs) if rewards.dim() == 1 else differs
+
+
+def gae(
+    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016) over each sequence's response
+    tokens, all ``[batch, tokens]``: returns ``(advantages, returns)``, with
+    ``returns = advantages + values`` on the response tokens and 0 elsewhere.
+
+    ``mask`` marks the response tokens (1) among padding and tokens the model did not write
+    (0: an environment's turn of a multi-turn trajectory). The masked-out tokens are skipped, not
+    steps of the episode: the delta at a response token bootstraps from the value of the next
+    response token of its sequence, and the last one's from 0 (the episode ends there):
+    ``delta_t = r_t + gamma * V_next - V_t``, ``A_t = delta_t + gamma * lam * A_next``.
+    ``gamma`` and ``lam`` are in [0, 1]; ``lam = 1`` gives the discounted return minus the value,
+    ``lam = 0`` the one-step TD error. Rewards and values at masked-out tokens are ignored.
+    """
+    if not (token_rewards.shape == values.shape == mask.shape) or token_rewards.dim() != 2:
+        raise ValueError(
+            "gae: token_rewards, values and mask must be [batch, tokens] alike, got "
+            f"{tuple(token_rewards.shape)}, {tuple(values.shape)} and {tuple(mask.shape)}"
+        )
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gae: gamma and lam must be in [0, 1], got gamma={gamma}, lam={lam}")
+    dtype = torch.promote_types(torch.promote_types(token_rewards.dtype, values.dtype), torch.float32)
+    response = mask != 0
+    rewards = torch.where(response, token_rewards.to(dtype), 0.0)
+    values = torch.where(response, values.to(dtype), 0.0)
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(rewards.shape[0], dtype=dtype, device=rewards.device)
+    next_advantage = torch.zeros_like(next_value)
+    # Backwards over the columns; a masked-out column leaves the carried values as they are.
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        here = response[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = torch.where(here, advantage, 0.0)
+        next_value = torch.where(here, values[:, t], next_value)
+        next_advantage = torch.where(here, advantage, next_advantage)
+    returns = torch.where(response, advantages + values, 0.0)
+    return advantages, returns

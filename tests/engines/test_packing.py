@@ -73,8 +73,9 @@ def engine(packing: bool) -> TitanEngine:
         build_loss("grpo", beta=0.1),
         build_loss("gspo", agg_type="sequence_mean", temperature=0.7),
         build_loss("sft", agg_type="sequence_sum"),
+        build_loss("grpo", entropy_coef=0.05),
     ],
-    ids=["grpo", "gspo-sequence-mean", "sft"],
+    ids=["grpo", "gspo-sequence-mean", "sft", "grpo-entropy-bonus"],
 )
 def test_packed_microbatches_equal_padded_rows(loss):
     batch = ragged_policy_batch()

@@ -275,6 +275,32 @@ def test_grpo_reports_pg_and_kl_that_add_up_to_the_loss():
     assert out.loss.item() == pytest.approx(out.metrics["loss/pg"] + 0.3 * out.metrics["loss/kl"], rel=1e-12)
 
 
+@pytest.mark.parametrize("name", ["grpo", "dapo", "cispo", "reinforce"])
+def test_an_entropy_bonus_lowers_the_loss_by_its_share_of_the_mean_entropy(name):
+    """entropy_coef: the loss minus entropy_coef times the entropy's token mean over the response
+    tokens (float64 reference), with that term's gradient; 0 leaves the loss as it was."""
+    logits, targets, generator_logprobs, _ = make_batch()
+    logits.requires_grad_(True)
+    batch = policy_batch(targets, SEQ_ADVANTAGES, generator_logprobs, MASK)
+    plain = build_loss(name)(logits, batch)
+    bonus = build_loss(name, entropy_coef=0.05)(logits, batch)
+    rows = logits.detach().tolist()
+    entropies = [ref_entropy(rows[b][t]) for b in range(B) for t in range(T) if MASK[b, t]]
+    mean_entropy = sum(entropies) / len(entropies)
+    assert bonus.metrics["loss/entropy"] == pytest.approx(mean_entropy, rel=1e-6)
+    assert bonus.loss.item() == pytest.approx(plain.loss.item() - 0.05 * mean_entropy, rel=1e-9, abs=1e-12)
+    # The difference of the gradients is the entropy term's: -0.05 d(mean entropy)/d(logits).
+    (plain_grad,) = torch.autograd.grad(plain.loss, logits)
+    (bonus_grad,) = torch.autograd.grad(bonus.loss, logits)
+    log_probs = torch.log_softmax(logits, -1)
+    token_entropy = -(log_probs.exp() * log_probs).sum(-1)
+    mean = (token_entropy * MASK).sum() / MASK.sum()
+    (entropy_grad,) = torch.autograd.grad(mean, logits)
+    torch.testing.assert_close(bonus_grad - plain_grad, -0.05 * entropy_grad, rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match="entropy_coef"):
+        build_loss(name, entropy_coef=-0.1)
+
+
 def test_dapo_drops_and_counts_tokens_with_nonfinite_generator_logprobs():
     logits, targets, generator_logprobs, _ = make_batch()
     generator_logprobs[1, 3], generator_logprobs[2, 0] = -math.inf, math.nan

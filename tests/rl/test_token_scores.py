@@ -40,6 +40,32 @@ def test_head_scores_equal_scores_from_logits_with_gradients(monkeypatch, bias, 
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("chunk_elements", [50 * 4, 2**25])
+def test_with_entropy_grad_the_entropy_carries_its_gradient_on_both_paths(monkeypatch, bias, chunk_elements):
+    """Against autograd through a plain softmax: d/d(params) of sum(u * logprob + w * entropy)."""
+    monkeypatch.setattr(token_scores, "_DEFAULT_CHUNK_ELEMENTS", chunk_elements)
+    hidden, weight, bias_, targets = inputs(seed=5 + bias, bias=bias)
+    temperature = 0.8
+    generator = torch.Generator().manual_seed(1)
+    u, w = (torch.randn(targets.shape, dtype=torch.float64, generator=generator) for _ in range(2))
+    params = [t for t in (hidden, weight, bias_) if t is not None]
+    log_probs = torch.log_softmax(torch.nn.functional.linear(hidden, weight, bias_) / temperature, -1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    target_logprobs = log_probs.gather(-1, targets[..., None]).squeeze(-1)
+    want = torch.autograd.grad((u * target_logprobs + w * entropy).sum(), params)
+
+    fused = TokenScores.unstack(head_scores(hidden, weight, bias_, targets, temperature, entropy_grad=True))
+    logits = torch.nn.functional.linear(hidden, weight, bias_)
+    plain = scores_from_logits(logits, targets, temperature, entropy_grad=True)
+    for scores, tolerance in ((fused, 1e-5), (plain, 1e-10)):
+        got = torch.autograd.grad((u * scores.logprobs.double() + w * scores.entropy.double()).sum(), params)
+        for g, expected in zip(got, want, strict=True):
+            torch.testing.assert_close(g, expected, rtol=tolerance, atol=tolerance)
+    # Without it the entropy is a number with no graph (no softmax kept for a backward).
+    assert not scores_from_logits(logits, targets, temperature).entropy.requires_grad
+
+
 def test_head_scores_multiply_in_the_autocast_dtype():
     hidden, weight, _, targets = (t.detach().float() if t is not None else None for t in inputs(0, False))
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -138,8 +138,9 @@ def _entropy(scaled_logits: Tensor) -> Tensor:
 def compute_entropy(logits: Tensor, loss_mask: Tensor, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
     """Per-token entropy ``[B, T]`` of ``softmax(logits / temperature)`` and its mean over response tokens.
 
-    Meant as a metric (call it under ``torch.no_grad()``): eager code upcasts bf16 logits one chunk
-    of rows at a time, which bounds memory only when autograd is not recording.
+    As a metric, call it under ``torch.no_grad()``: eager code upcasts bf16 logits one chunk of
+    rows at a time, which bounds memory only when autograd is not recording. Recording, it is
+    differentiable (an entropy bonus on the logits path) and keeps each chunk for the backward.
     """
     check_logits("compute_entropy", logits, loss_mask, "loss_mask")
     dtype = float_dtype(logits.dtype)

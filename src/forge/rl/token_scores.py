@@ -1,7 +1,8 @@
 """What a loss needs of the model at each target token, computed without the full logits.
 
 A loss reads three numbers per target token: its logprob (differentiable), the entropy of the
-distribution that scored it, and whether it was the most likely token (for SFT's accuracy).
+distribution that scored it (differentiable on request: ``entropy_grad``, for an entropy bonus),
+and whether it was the most likely token (for SFT's accuracy).
 ``scores_from_logits`` computes them from logits ``[B, T, V]``; ``head_scores`` computes
 the same numbers from the last hidden states and the output projection, one chunk of rows at a
 time, so that neither the logits nor their float32 copy ever exist for the whole batch: at a
@@ -28,7 +29,8 @@ _DEFAULT_CHUNK_ELEMENTS = 2**25
 @dataclass
 class TokenScores:
     """Per target token ``[B, T]``: ``logprobs`` (float32, differentiable), ``entropy`` (float32,
-    no gradient) and ``is_argmax`` (bool: the target has the highest logit)."""
+    differentiable when computed with ``entropy_grad``) and ``is_argmax`` (bool: the target has
+    the highest logit)."""
 
     logprobs: Tensor
     entropy: Tensor
@@ -37,32 +39,42 @@ class TokenScores:
     @classmethod
     def unstack(cls, stacked: Tensor) -> TokenScores:
         """From ``head_scores``' ``[..., 3]`` tensor."""
-        return cls(stacked[..., 0], stacked[..., 1].detach(), stacked[..., 2].detach() > 0)
+        return cls(stacked[..., 0], stacked[..., 1], stacked[..., 2].detach() > 0)
 
 
-def scores_from_logits(logits: Tensor, target_ids: Tensor, temperature: float = 1.0) -> TokenScores:
+def scores_from_logits(
+    logits: Tensor, target_ids: Tensor, temperature: float = 1.0, entropy_grad: bool = False
+) -> TokenScores:
     """The scores of ``target_ids`` under ``softmax(logits / temperature)`` (``logits[:, t]``
-    scores ``target_ids[:, t]``)."""
+    scores ``target_ids[:, t]``); with ``entropy_grad`` the entropy carries a gradient (its graph
+    keeps a softmax of the logits: only when a loss needs it)."""
     check_logits("scores_from_logits", logits, target_ids)
     target_ids = target_ids.long()
     logprobs = compute_logprobs(logits, target_ids, temperature)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = compute_entropy(logits, torch.ones_like(target_ids), temperature)[0]
     with torch.no_grad():
         detached = logits.detach()
-        entropy = compute_entropy(detached, torch.ones_like(target_ids), temperature)[0]
         target_logits = detached.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
         is_argmax = target_logits >= detached.max(-1).values
     return TokenScores(logprobs, entropy, is_argmax)
 
 
 def head_scores(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, target_ids: Tensor, temperature: float = 1.0
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target_ids: Tensor,
+    temperature: float = 1.0,
+    entropy_grad: bool = False,
 ) -> Tensor:
     """The scores of ``target_ids`` ``[B, T]`` under ``softmax((hidden @ weight.T + bias) / temperature)``,
     stacked ``[B, T, 3]`` (one tensor, so that module hooks see it; ``TokenScores.unstack`` reads it).
 
     ``hidden`` ``[B, T, D]`` and ``weight`` ``[V, D]`` are multiplied in the autocast dtype when
     autocast is on (as ``nn.Linear`` would be), else in ``hidden``'s dtype; the softmax runs in
-    float32. Gradients reach ``hidden``, ``weight`` and ``bias`` through the logprobs.
+    float32. Gradients reach ``hidden``, ``weight`` and ``bias`` through the logprobs, and with
+    ``entropy_grad`` through the entropy too.
     """
     if hidden.shape[:-1] != target_ids.shape:
         raise ValueError(
@@ -73,7 +85,7 @@ def head_scores(
         raise ValueError(f"head_scores: temperature must be > 0, got {temperature}")
     device_type = hidden.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
-    return _FusedHeadScores.apply(hidden, weight, bias, target_ids.long(), temperature, dtype)
+    return _FusedHeadScores.apply(hidden, weight, bias, target_ids.long(), temperature, dtype, entropy_grad)
 
 
 def _row_chunks(rows: int, vocab: int, device: torch.device):
@@ -81,11 +93,11 @@ def _row_chunks(rows: int, vocab: int, device: torch.device):
 
 
 class _FusedHeadScores(torch.autograd.Function):
-    """``[B, T, 3]``: logprob, entropy and is-argmax (1.0 or 0.0) of each target; only the
-    logprob channel carries a gradient."""
+    """``[B, T, 3]``: logprob, entropy and is-argmax (1.0 or 0.0) of each target; the logprob
+    channel carries a gradient, and the entropy channel with ``entropy_grad``."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target_ids, temperature, dtype):
+    def forward(ctx, hidden, weight, bias, target_ids, temperature, dtype, entropy_grad):
         flat_hidden = hidden.reshape(-1, hidden.shape[-1]).to(dtype)
         cast_weight = weight.to(dtype)
         cast_bias = None if bias is None else bias.to(dtype)
@@ -99,7 +111,7 @@ class _FusedHeadScores(torch.autograd.Function):
                 flat_hidden[chunk], cast_weight, cast_bias, flat_targets[chunk], temperature
             )
         ctx.save_for_backward(flat_hidden, cast_weight, cast_bias, flat_targets, log_normaliser)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.entropy_grad = temperature, entropy_grad
         ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
         return out.view(*target_ids.shape, 3)
 
@@ -109,20 +121,29 @@ class _FusedHeadScores(torch.autograd.Function):
         flat_hidden, weight, bias, flat_targets, log_normaliser = ctx.saved_tensors
         hidden_dtype, weight_dtype, bias_dtype = ctx.dtypes
         grad_logprobs = grad_out.reshape(-1, 3)[:, 0].to(log_normaliser.dtype)
+        grad_entropy = grad_out.reshape(-1, 3)[:, 1].to(log_normaliser.dtype) if ctx.entropy_grad else None
         grad_hidden = torch.empty_like(flat_hidden)
         # Summed over chunks in float32 (or float64), cast to the parameters' dtype once.
         accumulate = log_normaliser.dtype
         grad_weight = torch.zeros(weight.shape, dtype=accumulate, device=weight.device)
         grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=accumulate, device=bias.device)
-        chunk_grad_logits = _kernel(_chunk_grad_logits, flat_hidden.device)
+        chunk_grad_logits = _kernel(
+            _chunk_grad_logits if grad_entropy is None else _chunk_grad_logits_with_entropy,
+            flat_hidden.device,
+        )
         for chunk in _row_chunks(flat_hidden.shape[0], weight.shape[0], flat_hidden.device):
+            grads = (
+                (grad_logprobs[chunk],)
+                if grad_entropy is None
+                else (grad_logprobs[chunk], grad_entropy[chunk])
+            )
             grad_logits = chunk_grad_logits(
                 flat_hidden[chunk],
                 weight,
                 bias,
                 flat_targets[chunk],
                 log_normaliser[chunk],
-                grad_logprobs[chunk],
+                *grads,
                 ctx.temperature,
             )
             grad_hidden[chunk] = grad_logits @ weight
@@ -133,6 +154,7 @@ class _FusedHeadScores(torch.autograd.Function):
             grad_hidden.view(grad_out.shape[:-1] + (flat_hidden.shape[-1],)).to(hidden_dtype),
             grad_weight.to(weight_dtype),
             None if grad_bias is None else grad_bias.to(bias_dtype),
+            None,
             None,
             None,
             None,
@@ -161,6 +183,22 @@ def _chunk_grad_logits(hidden, weight, bias, targets, lse, grad, temperature) ->
     is_target = torch.arange(scaled.shape[-1], device=scaled.device) == targets[:, None]
     probs = (scaled - lse[:, None]).exp()
     return ((is_target.to(scaled.dtype) - probs) * (grad / temperature)[:, None]).to(weight.dtype)
+
+
+def _chunk_grad_logits_with_entropy(
+    hidden, weight, bias, targets, lse, grad, grad_entropy, temperature
+) -> Tensor:
+    """``_chunk_grad_logits`` plus the entropy's: with ``p = softmax(s)``, ``s = logits / T`` and
+    ``H = -sum p log p``, ``d H / d logits = -p (log p + H) / T``, times its upstream gradient."""
+    scaled = _chunk_logits(hidden, weight, bias, temperature)
+    is_target = torch.arange(scaled.shape[-1], device=scaled.device) == targets[:, None]
+    log_probs = scaled - lse[:, None]
+    probs = log_probs.exp()
+    entropy = -(probs * log_probs).sum(-1, keepdim=True)
+    grad_scaled = (is_target.to(scaled.dtype) - probs) * grad[:, None] - probs * (
+        log_probs + entropy
+    ) * grad_entropy[:, None]
+    return (grad_scaled / temperature).to(weight.dtype)
 
 
 def _accumulate_product(out: Tensor, a: Tensor, b: Tensor) -> None:

@@ -205,7 +205,13 @@ class TitanEngine:
         score the gathered logits."""
         return not self.parallel_dims.tp_enabled
 
-    def _scores(self, microbatch: PolicyBatch, packed: PackedRow | None, temperature: float) -> TokenScores:
+    def _scores(
+        self,
+        microbatch: PolicyBatch,
+        packed: PackedRow | None,
+        temperature: float,
+        entropy_grad: bool = False,
+    ) -> TokenScores:
         """The token scores of a micro-batch on the device, through the scoring head."""
         if packed is None:
             tokens, target_ids = microbatch.tokens, microbatch.scored_target_ids()
@@ -217,7 +223,7 @@ class TitanEngine:
                 packed.attention,
                 packed.positions,
             )
-        with self._head.scoring(target_ids, temperature):
+        with self._head.scoring(target_ids, temperature, entropy_grad):
             stacked = self.model(tokens, attention_masks=attention, positions=positions)
         return TokenScores.unstack(stacked if packed is None else packed.to_padded(stacked))
 
@@ -340,7 +346,8 @@ class TitanEngine:
                 with timer.phase("forward"):
                     if scoring:
                         out = loss_fn.from_scores(
-                            self._scores(microbatch, packed, loss_fn.temperature), microbatch
+                            self._scores(microbatch, packed, loss_fn.temperature, loss_fn.entropy_grad),
+                            microbatch,
                         )
                     else:
                         out = loss_fn(self._sampled_logits(microbatch.tokens), microbatch)

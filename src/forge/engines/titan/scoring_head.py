@@ -29,13 +29,17 @@ class ScoringHead(nn.Linear):
         super().__init__(*args, **kwargs)
         self._targets: torch.Tensor | None = None
         self._temperature = 1.0
+        self._entropy_grad = False
         # The first rows, those scored (ModelConfig.sampled_rows); None: all.
         self.scored_rows: int | None = None
 
     @contextlib.contextmanager
-    def scoring(self, target_ids: torch.Tensor, temperature: float) -> Iterator[None]:
-        """While active, ``forward(hidden [B, T, D])`` returns the scores of ``target_ids`` ``[B, T]``."""
-        self._targets, self._temperature = target_ids, temperature
+    def scoring(
+        self, target_ids: torch.Tensor, temperature: float, entropy_grad: bool = False
+    ) -> Iterator[None]:
+        """While active, ``forward(hidden [B, T, D])`` returns the scores of ``target_ids`` ``[B, T]``
+        (``head_scores``; ``entropy_grad``: the entropy carries a gradient)."""
+        self._targets, self._temperature, self._entropy_grad = target_ids, temperature, entropy_grad
         try:
             yield
         finally:
@@ -46,4 +50,6 @@ class ScoringHead(nn.Linear):
             return super().forward(hidden)
         rows = slice(self.scored_rows)
         bias = None if self.bias is None else self.bias[rows]
-        return head_scores(hidden, self.weight[rows], bias, self._targets, self._temperature)
+        return head_scores(
+            hidden, self.weight[rows], bias, self._targets, self._temperature, self._entropy_grad
+        )

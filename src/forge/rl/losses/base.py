@@ -17,11 +17,19 @@ or masks contribute zero but still count, so the normaliser never depends on the
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal, NamedTuple, Self
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 from torch import Tensor
 
 from forge.rl.batch import PolicyBatch
@@ -74,6 +82,11 @@ class AggregatedLossConfig(BaseLossConfig):
 
 class PolicyLossConfig(AggregatedLossConfig):
     temperature: PositiveFloat = Field(1.0, description="the generator's sampling temperature")
+    entropy_coef: NonNegativeFloat = Field(
+        0.0,
+        description="entropy bonus: the loss subtracts entropy_coef times the mean entropy of the "
+        "policy over the step's response tokens (0: none)",
+    )
 
 
 @dataclass(frozen=True)
@@ -107,6 +120,9 @@ class Loss(ABC):
         self.config = self.config_class(**params)
         # The temperature the model's logprobs are taken at (the generator's sampling temperature).
         self.temperature: float = getattr(self.config, "temperature", 1.0)
+        # Whether the loss differentiates the entropy (an entropy bonus): the trainer then
+        # computes the token scores with the entropy's gradient.
+        self.entropy_grad: bool = getattr(self.config, "entropy_coef", 0.0) > 0
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | BaseLossConfig) -> Self:
@@ -122,7 +138,7 @@ class Loss(ABC):
         check_logits(where, logits, batch.target_ids)
         check_same_shape(where, target_ids=batch.target_ids, loss_mask=batch.loss_mask)
         return self.from_scores(
-            scores_from_logits(logits, batch.scored_target_ids(), self.temperature), batch
+            scores_from_logits(logits, batch.scored_target_ids(), self.temperature, self.entropy_grad), batch
         )
 
     @abstractmethod
@@ -165,8 +181,12 @@ class PolicyLoss(Loss):
 
     def from_scores(self, scores: TokenScores, batch: PolicyBatch) -> LossOutput:
         out = self.loss_from_logprobs(scores.logprobs, batch)
-        out.metric_tensors["loss/entropy"] = token_mean(scores.entropy, batch)
-        return out
+        entropy = token_mean(scores.entropy, batch)
+        out.metric_tensors["loss/entropy"] = entropy.detach()
+        if not self.config.entropy_coef:
+            return out
+        # A bonus: higher entropy lowers the loss, which keeps the policy from collapsing early.
+        return replace(out, loss=out.loss - self.config.entropy_coef * entropy)
 
     def loss_from_logprobs(self, logprobs: Tensor, batch: PolicyBatch) -> LossOutput:
         """The same loss from the trainer's logprobs ``[B, T]`` (no entropy metric without logits);

@@ -253,30 +253,12 @@ def test_gpu_demo_warm_start_config_runs_two_steps(tmp_path):
     assert "greedy exact match of the export" in out.getvalue()
 
 
-def test_sft_from_a_checkpoint_keeps_its_model(tmp_path):
-    """A Qwen3 saved by transformers, with more embedding rows than the tokenizer has tokens
-    and no model keys in the config: SFT trains it and exports the same model, new weights."""
-    source = make_checkpoint(tmp_path, "qwen3_untied")
-    run_dir = tmp_path / "run"
-    rows, _ = run_app(
-        run_dir,
-        "max_steps=2",
-        f"trainer.engine.model.hf_path={source}",
-        "~trainer.engine.model.name",
-        "~trainer.engine.model.flavor",
-    )
-    assert sorted(by_step(rows, "train/loss")) == [1, 2]
-    export = run_dir / "export"
-    assert json.loads((export / "config.json").read_text()) == json.loads(
-        (source / "config.json").read_text()
-    )
-    assert load_config(SFTConfig, run_dir / "config.yaml").trainer.engine.model.vocab_size is None
-
-
-def test_sft_on_your_chat_files_runs_as_the_readme_says_with_your_checkpoints_tokenizer(tmp_path):
+def test_sft_on_your_chat_files_and_checkpoint_runs_as_the_readme_says(tmp_path):
     """The README's recipe for your own data, on chat (`messages`) files: no tokenizer_path (a
     checkpoint directory holds its tokenizer, taken from trainer.engine.model.hf_path), and the
-    greedy generation eval on the eval file's prompts, each chat's last answer its target."""
+    greedy generation eval on the eval file's prompts, each chat's last answer its target. The
+    checkpoint is a Qwen3 saved by transformers, with more embedding rows than the tokenizer has
+    tokens and no model keys in the config: SFT trains it and exports the same model."""
     source = make_checkpoint(tmp_path, "qwen3_untied")
     for name, count in (("train", 32), ("eval", 4)):
         (tmp_path / f"{name}.jsonl").write_text(
@@ -308,4 +290,9 @@ def test_sft_on_your_chat_files_runs_as_the_readme_says_with_your_checkpoints_to
     assert sorted(by_step(rows, "train/loss")) == [1, 2]
     assert "greedy exact match of the export: " in printed and "on 4 eval prompts" in printed
     assert any("eval/greedy_exact_match" in row for row in rows)
+    export = run_dir / "export"
+    assert json.loads((export / "config.json").read_text()) == json.loads(
+        (source / "config.json").read_text()
+    )
+    assert load_config(SFTConfig, run_dir / "config.yaml").trainer.engine.model.vocab_size is None
     assert (run_dir / "tokenizer" / "tokenizer.json").read_text() == (source / "tokenizer.json").read_text()

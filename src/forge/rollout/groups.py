@@ -206,7 +206,7 @@ class _Run:
             streams = {(g, j): (self.sample_keys[g], j) for g, j in opened} if seeded else None
             rows = sorted({g for g, _ in opened})
             keys = [self.sample_keys[g] for g in rows] if seeded else None
-            outputs = await self._sample([self._prompts[g] for g in rows], keys, self.group_size)
+            outputs = await self._sample([Trajectory(self._prompts[g]) for g in rows], keys, self.group_size)
             by_row = dict(zip(rows, outputs, strict=True))
             samples = [by_row[g][j] for g, j in opened]
         else:
@@ -215,7 +215,7 @@ class _Run:
             if seeded:
                 streams = {(g, j): (sample_seed(self.sample_keys[g], j, -attempt), 0) for g, j in opened}
             keys = [streams[s][0] for s in opened] if seeded else None
-            outputs = await self._sample([self._prompts[g] for g, _ in opened], keys, 1)
+            outputs = await self._sample([Trajectory(self._prompts[g]) for g, _ in opened], keys, 1)
             samples = [sample for [sample] in outputs]
         for (g, j), sample in zip(opened, samples, strict=True):
             trajectory = self.trajectories[g][j] = Trajectory(self._prompts[g])
@@ -223,14 +223,15 @@ class _Run:
             _fit(trajectory, self.limits)
         return streams
 
-    async def _sample(self, prompts: list[RenderedPrompt], keys: list[int] | None, n: int):
-        if not prompts:
+    async def _sample(self, trajectories: list[Trajectory], keys: list[int] | None, n: int):
+        """`n` samples continuing each trajectory, in one generate call."""
+        if not trajectories:
             return []
         return await self.generate(
-            [p.ids for p in prompts],
+            [t.ids for t in trajectories],
             keys,
             n=n,
-            max_tokens=_turn_budget([Trajectory(p) for p in prompts], self.max_tokens, self.limits),
+            max_tokens=_turn_budget(trajectories, self.max_tokens, self.limits),
             **self.sampling,
         )
 
@@ -246,13 +247,8 @@ class _Run:
             if not going:
                 break
             turn = by_id[going[0]].model_turns + 1
-            outputs = await self.generate(
-                [by_id[i].ids for i in going],
-                [sample_seed(*streams[i], turn) for i in going] if streams is not None else None,
-                n=1,
-                max_tokens=_turn_budget([by_id[i] for i in going], self.max_tokens, self.limits),
-                **self.sampling,
-            )
+            keys = [sample_seed(*streams[i], turn) for i in going] if streams is not None else None
+            outputs = await self._sample([by_id[i] for i in going], keys, 1)
             for i, [sample] in zip(going, outputs, strict=True):
                 by_id[i].add_model_turn(sample)
                 _fit(by_id[i], self.limits)

@@ -27,7 +27,9 @@ it ends.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +77,22 @@ class Environment:
         it (a server: reachable, ``sessions`` trajectories open at once, the fields it reads);
         raises saying what to fix. ``row``: the run's first training row. Nothing by default:
         an environment of this process alone was built once already, which checks its params."""
+
+
+class DeadlineMissed(Exception):
+    """A call of an environment (or of a tool inside one) did not answer within its deadline."""
+
+
+async def within(seconds: float, answer: Awaitable) -> Any:
+    """``answer``, or ``DeadlineMissed`` once ``seconds`` pass; a ``TimeoutError`` the call raises
+    itself (a tool's socket timing out) stays the call's own error."""
+    try:
+        async with asyncio.timeout(seconds) as deadline:
+            return await answer
+    except TimeoutError:
+        if deadline.expired():
+            raise DeadlineMissed from None
+        raise
 
 
 def load_environment_class(name: str) -> type[Environment]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from forge.data.chat_prompts import Prompt
-from forge.envs.base import Environment, EnvStep, load_environment_class
+from forge.envs.base import DeadlineMissed, Environment, EnvStep, load_environment_class, within
 
 EnvCall = Literal["reset", "step", "close"]
 # raised: the environment's code raised; timeout: past env.step_timeout_s; wrong type: reset or
@@ -112,16 +112,14 @@ class LocalEnvironments:
     async def _call(self, call: EnvCall, answer: Awaitable) -> Any:
         """The environment's answer, or an ``EnvFailure`` if it raised or missed the deadline."""
         try:
-            async with asyncio.timeout(self.step_timeout_s) as deadline:
-                return await answer
+            return await within(self.step_timeout_s, answer)
+        except DeadlineMissed:
+            return EnvFailure(
+                call,
+                "timeout",
+                f"{self.name}.{call}() did not answer within env.step_timeout_s={self.step_timeout_s:g} s",
+            )
         except Exception as e:
-            # A TimeoutError of the environment's own (a tool's) is an error it raised.
-            if isinstance(e, TimeoutError) and deadline.expired():
-                return EnvFailure(
-                    call,
-                    "timeout",
-                    f"{self.name}.{call}() did not answer within env.step_timeout_s={self.step_timeout_s:g} s",
-                )
             return self._raised(call, e)
 
     def _raised(self, call: EnvCall, error: Exception) -> EnvFailure:

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from forge.data.chat_prompts import check_prompt
-from forge.envs.base import Environment, EnvStep, Message
+from forge.envs.base import DeadlineMissed, Environment, EnvStep, Message, within
 from forge.envs.tool_calls import FORMATS, ToolCall, ToolCallFormat, parse_tool_calls, tool_result_message
 from forge.envs.tools import Tool, resolve_tool
 
@@ -110,9 +110,6 @@ class ToolEnvironment(Environment):
         if index >= self.max_calls_per_turn:
             return f"error: not run, only {self.max_calls_per_turn} calls are run per turn"
         try:
-            async with asyncio.timeout(self.call_timeout_s) as deadline:
-                return await self._tools[call.name](call.arguments)
-        except TimeoutError:
-            if not deadline.expired():  # the tool's own: an error it raised
-                raise
+            return await within(self.call_timeout_s, self._tools[call.name](call.arguments))
+        except DeadlineMissed:
             return f"error: {call.name} did not answer within {self.call_timeout_s:g} s"

@@ -127,23 +127,16 @@ class _FusedHeadScores(torch.autograd.Function):
         accumulate = log_normaliser.dtype
         grad_weight = torch.zeros(weight.shape, dtype=accumulate, device=weight.device)
         grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=accumulate, device=bias.device)
-        chunk_grad_logits = _kernel(
-            _chunk_grad_logits if grad_entropy is None else _chunk_grad_logits_with_entropy,
-            flat_hidden.device,
-        )
+        chunk_grad_logits = _kernel(_chunk_grad_logits, flat_hidden.device)
         for chunk in _row_chunks(flat_hidden.shape[0], weight.shape[0], flat_hidden.device):
-            grads = (
-                (grad_logprobs[chunk],)
-                if grad_entropy is None
-                else (grad_logprobs[chunk], grad_entropy[chunk])
-            )
             grad_logits = chunk_grad_logits(
                 flat_hidden[chunk],
                 weight,
                 bias,
                 flat_targets[chunk],
                 log_normaliser[chunk],
-                *grads,
+                grad_logprobs[chunk],
+                None if grad_entropy is None else grad_entropy[chunk],
                 ctx.temperature,
             )
             grad_hidden[chunk] = grad_logits @ weight
@@ -176,29 +169,20 @@ def _chunk_scores(hidden, weight, bias, targets, temperature) -> tuple[Tensor, T
     return torch.stack([target - lse, entropy, is_argmax], dim=-1).float(), lse
 
 
-def _chunk_grad_logits(hidden, weight, bias, targets, lse, grad, temperature) -> Tensor:
+def _chunk_grad_logits(hidden, weight, bias, targets, lse, grad, grad_entropy, temperature) -> Tensor:
     """d loss / d logits of one chunk, in the weight's dtype: ``d logp[target] / d logits =
-    (onehot(target) - softmax(logits / T)) / T``, times the upstream gradient."""
-    scaled = _chunk_logits(hidden, weight, bias, temperature)
-    is_target = torch.arange(scaled.shape[-1], device=scaled.device) == targets[:, None]
-    probs = (scaled - lse[:, None]).exp()
-    return ((is_target.to(scaled.dtype) - probs) * (grad / temperature)[:, None]).to(weight.dtype)
-
-
-def _chunk_grad_logits_with_entropy(
-    hidden, weight, bias, targets, lse, grad, grad_entropy, temperature
-) -> Tensor:
-    """``_chunk_grad_logits`` plus the entropy's: with ``p = softmax(s)``, ``s = logits / T`` and
-    ``H = -sum p log p``, ``d H / d logits = -p (log p + H) / T``, times its upstream gradient."""
+    (onehot(target) - p) / T`` times the upstream gradient, with ``p = softmax(logits / T)``;
+    with ``grad_entropy`` (None: the entropy has no gradient), plus ``d H / d logits =
+    -p (log p + H) / T`` times its own."""
     scaled = _chunk_logits(hidden, weight, bias, temperature)
     is_target = torch.arange(scaled.shape[-1], device=scaled.device) == targets[:, None]
     log_probs = scaled - lse[:, None]
     probs = log_probs.exp()
-    entropy = -(probs * log_probs).sum(-1, keepdim=True)
-    grad_scaled = (is_target.to(scaled.dtype) - probs) * grad[:, None] - probs * (
-        log_probs + entropy
-    ) * grad_entropy[:, None]
-    return (grad_scaled / temperature).to(weight.dtype)
+    grad_logits = (is_target.to(scaled.dtype) - probs) * (grad / temperature)[:, None]
+    if grad_entropy is not None:
+        entropy = -(probs * log_probs).sum(-1, keepdim=True)
+        grad_logits = grad_logits - probs * (log_probs + entropy) * (grad_entropy / temperature)[:, None]
+    return grad_logits.to(weight.dtype)
 
 
 def _accumulate_product(out: Tensor, a: Tensor, b: Tensor) -> None:

@@ -214,7 +214,8 @@ def generation_eval_rows(config: SFTDataConfig, target_column: str) -> list[dict
             "generation_eval reads its prompts from data.eval_path, which is unset: set it, or set "
             "~generation_eval to leave the greedy eval out"
         )
-    columns = load_split(path, "train").column_names
+    dataset = load_split(path, "train")
+    columns = dataset.column_names
     if config.prompt_column in columns or config.messages_column not in columns:
         if target_column not in columns and config.completion_column in columns:
             target_column = config.completion_column
@@ -225,7 +226,7 @@ def generation_eval_rows(config: SFTDataConfig, target_column: str) -> list[dict
             "data.prompt_column / generation_eval.target_column, which generation_eval reads",
         )
     rows = []
-    for index, row in enumerate(load_split(path, "train"), start=1):
+    for index, row in enumerate(dataset, start=1):
         messages = row[config.messages_column]
         answers = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
         if not answers or answers[-1] == 0:

@@ -116,9 +116,8 @@ class RemoteScorer:
     def check(self, item: tuple[str, str, str]) -> None:
         """One request of one item, not sent again: a server that is down, or answers otherwise
         than the protocol says, is refused naming reward.remote.url (checked before a run)."""
-        body = json.dumps({"items": [{"prompt": item[0], "response": item[1], "target": item[2]}]}).encode()
         try:
-            self._post(body, 1)
+            self._post(request_body([item]), 1)
         except RequestFailed as failure:
             raise ValueError(
                 f"reward.remote.url: the reward server at {self.cfg.url} {failure.why} when asked to score "
@@ -131,8 +130,7 @@ class RemoteScorer:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _score_batch(self, items: list[tuple[str, str, str]]) -> list[float]:
-        items_json = [{"prompt": p, "response": r, "target": t} for p, r, t in items]
-        body = json.dumps({"items": items_json}).encode()
+        body = request_body(items)
         attempt = 0
         while True:
             attempt += 1
@@ -173,6 +171,11 @@ class RemoteScorer:
                 raise RequestFailed("timeouts", why, retryable=True) from None
             raise RequestFailed("errors", f"failed: {reason!r}", retryable=True) from None
         return parse_scores(text, size)
+
+
+def request_body(items: list[tuple[str, str, str]]) -> bytes:
+    """The JSON of one request: ``{"items": [{"prompt", "response", "target"}, ...]}``."""
+    return json.dumps({"items": [{"prompt": p, "response": r, "target": t} for p, r, t in items]}).encode()
 
 
 def parse_scores(text: bytes, size: int) -> list[float]:

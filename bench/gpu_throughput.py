@@ -31,7 +31,8 @@ Columns, means over the steps after the second (the first two include warm-up):
   over the replicas; last ready ms: the same for the last replica to be ready;
   these three are medians (the second version's load also checks the copy plan, once);
 - GPU util %: mean over the timed steps; GPU mem GiB: peak over the run, per GPU.
-- tok/s/GPU: tok/s over the GPUs the run used; efficiency: tok/s/GPU over the 1gpu run's.
+- tok/s/GPU: tok/s over the GPUs the run used; efficiency: tok/s/GPU over the 1gpu run's
+  (the same size, preset and variant).
 """
 
 from __future__ import annotations
@@ -134,9 +135,13 @@ def fixed_length_prompts(policy: Path, out: Path, length: int, count: int = 4096
 
 # What the trl preset needs at 1.7B to fit one 80 GB GPU beside vLLM (at micro-batch 16 the
 # trainer held 56 GiB and ran out of memory on an H100; alone on an H200, packed micro-batches of
-# 32k tokens peaked at 96 GiB, so half of that).
+# 32k tokens peaked at 96 GiB, so half of that). From 4B on, as configs/grpo/qwen3_8b.yaml: each
+# block's activations recomputed in the backward, which leaves the room for vLLM.
+SMALLER_STEPS = ["trainer.engine.training.microbatch_tokens=16384", "generator.vllm.kv_cache_memory_gib=16"]
 LARGER_MODELS = {
-    "1.7B": ["trainer.engine.training.microbatch_tokens=16384", "generator.vllm.kv_cache_memory_gib=16"]
+    "1.7B": SMALLER_STEPS,
+    "4B": SMALLER_STEPS + ["trainer.engine.training.activation_checkpoint=full"],
+    "8B": SMALLER_STEPS + ["trainer.engine.training.activation_checkpoint=full"],
 }
 
 
@@ -304,7 +309,12 @@ def run(
         gpu.stop()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     where = {"placement": placement, "GPUs": gpus} if placement else {}
-    return {"size": size, **where, **summarize(label, [r for r in rows if r["step"] >= 1], gpu, timed_from)}
+    return {
+        "size": size,
+        "preset": preset,
+        **where,
+        **summarize(label, [r for r in rows if r["step"] >= 1], gpu, timed_from),
+    }
 
 
 def add_scaling(results: list[dict]) -> None:
@@ -317,7 +327,8 @@ def add_scaling(results: list[dict]) -> None:
             (
                 b
                 for b in results
-                if b.get("placement") == "1gpu" and (b["size"], b["run"]) == (row["size"], row["run"])
+                if b.get("placement") == "1gpu"
+                and all(b.get(key) == row.get(key) for key in ("size", "preset", "run"))
             ),
             None,
         )

@@ -7,8 +7,8 @@ machines), with GPU utilization and memory sampled by nvidia-smi. Prints one tab
         [--placements 1gpu,2gpu-colocated,...] [override ...]
 
 `--preset trl` is the work TRL's GRPOTrainer was measured on (bench/RESULTS.md): per optimizer
-step 64 prompts of exactly 64 tokens x 8 samples of exactly 256 new tokens (a random model
-practically never samples eos), 512 episodes trained, temperature 1.0. `--preset long` is the
+step 64 prompts of exactly 64 tokens x 8 samples of exactly 256 new tokens (the exported
+tokenizer has no eos), 512 episodes trained, temperature 1.0. `--preset long` is the
 same with 1,024 new tokens per sample and 128 episodes per step (the responses of reasoning
 runs). Without either, the smaller workload of the first GPU runs (16 x 8 x 128 on toy-task prompts).
 
@@ -110,7 +110,11 @@ def export_random_policy(size: str, out: Path) -> Path:
     from forge.engines.titan.engine import TitanEngine
 
     tokenizer_dir = out / "tokenizer"
-    embedded_tokenizer().save_pretrained(tokenizer_dir)
+    tokenizer = embedded_tokenizer()
+    # No eos: every sample runs to max_tokens, as the presets' work says. (The engines sample
+    # only the tokenizer's 55 rows of the 151,936, so an eos would end a sample every ~55 tokens.)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(tokenizer_dir)
     config = {"model": {"flavor": size}, "training": {"seq_len": 512, "dtype": "bfloat16"}}
     engine = TitanEngine(TitanEngineConfig.model_validate(config), trainable=False)
     return engine.export_hf(out / "policy", tokenizer_dir)

@@ -330,13 +330,15 @@ class Service:
         record_metric(f"{key}/queue_depth", replica.inflight, Reduce.MAX)
         started = time.perf_counter()
         call_task = asyncio.ensure_future(replica.answers(endpoint_name, args, kwargs))
+        # Its outcome is read even when nobody waits for it any more (this caller cancelled as
+        # the call failed at the end of a run): asyncio would log it as never retrieved.
+        call_task.add_done_callback(_read_outcome)
         failed_task = asyncio.ensure_future(replica.failed.wait())
         try:
             await asyncio.wait(
                 {call_task, failed_task}, timeout=deadline_s, return_when=asyncio.FIRST_COMPLETED
             )
             if not call_task.done():
-                call_task.cancel()
                 if not failed_task.done():
                     self._hung(replica, f"no answer to {endpoint_name}() within {deadline_s:.0f} s")
                     raise ReplicaHungError(f"replica {replica.name} hung during {endpoint_name}()")
@@ -351,6 +353,7 @@ class Service:
             raise
         finally:
             failed_task.cancel()
+            call_task.cancel()  # no answer in time, a dead replica, or this caller cancelled
             replica.inflight -= 1
         replica.served += 1
         record_metric(f"{key}/latency_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
@@ -386,3 +389,8 @@ class Service:
             }
             for r in self.replicas
         ]
+
+
+def _read_outcome(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()

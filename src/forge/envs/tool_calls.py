@@ -57,6 +57,11 @@ def parse_tool_calls(text: str, format: ToolCallFormat, tool_names: Collection[s
     raise ValueError(f"unknown tool call format '{format}': the formats are {', '.join(FORMATS)}")
 
 
+def without_tool_calls(text: str) -> str:
+    """``text`` with its json-format tool call blocks taken out (what the model said around them)."""
+    return _JSON_CALL.sub("", text).strip()
+
+
 def _parse_tags(text: str, tool_names: Collection[str]) -> list[ToolCall]:
     if not tool_names:
         return []

@@ -1,0 +1,1 @@
+"""Agents written against the OpenAI API, trained through forge's endpoint."""

@@ -1,0 +1,124 @@
+"""forge's OpenAI-compatible endpoint for agents: an HTTP server on this host, in the caller's
+event loop, that answers each episode's chat calls with the policy and captures them
+(`forge.agents.capture`).
+
+Every episode has a path of its own, ``/episodes/<id>/v1``: an agent's ``openai.AsyncOpenAI``
+gets it as its base URL, so episodes running at once never mix, and nothing else identifies
+them. Under it: ``POST /chat/completions`` (`forge.agents.openai_api` says what a request may
+ask) and ``GET /models``. Samples come from ``generate``, the rollouts' generate call
+(`forge.rollout.groups.Generate`); the k-th call of an episode is seeded by (the episode's key,
+k), so a run in sync mode samples the same tokens every time.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from forge.agents.capture import EpisodeCapture
+from forge.agents.openai_api import (
+    AgentSampling,
+    RefusedRequest,
+    chat_completion,
+    models_list,
+    parse_chat_request,
+    reply_message,
+)
+from forge.engines.generation import sample_seed
+from forge.envs.turns import TurnRenderer
+from forge.rollout.groups import Generate
+
+
+@dataclass
+class AgentEpisode:
+    """One episode's address and what its calls sampled."""
+
+    id: str
+    key: int
+    base_url: str
+    capture: EpisodeCapture
+
+
+class AgentEndpoint:
+    """The endpoint of a run's agent episodes (see the module docstring); `model` is the name
+    `/models` lists and responses carry."""
+
+    def __init__(
+        self, generate: Generate, renderer: TurnRenderer, allowed: AgentSampling, model: str = "policy"
+    ):
+        self.generate, self.renderer, self.allowed, self.model = generate, renderer, allowed, model
+        self._episodes: dict[str, AgentEpisode] = {}
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Serves on `host`:`port` (0: a free port, read back into `url`)."""
+        app = web.Application()
+        app.router.add_post("/episodes/{episode}/v1/chat/completions", self._chat)
+        app.router.add_get("/episodes/{episode}/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def open(self, key: int) -> AgentEpisode:
+        """A new episode, its calls seeded from `key`."""
+        episode_id = uuid.uuid4().hex
+        episode = AgentEpisode(
+            episode_id, key, f"{self.url}/episodes/{episode_id}/v1", EpisodeCapture(self.renderer)
+        )
+        self._episodes[episode_id] = episode
+        return episode
+
+    def close(self, episode: AgentEpisode) -> EpisodeCapture:
+        """Ends `episode`: later calls to its address are refused. Its capture."""
+        self._episodes.pop(episode.id, None)
+        return episode.capture
+
+    def _episode(self, request: web.Request) -> AgentEpisode:
+        episode = self._episodes.get(request.match_info["episode"])
+        if episode is None:
+            refused = RefusedRequest("no such episode (it ended, or the URL is not one forge gave)")
+            raise web.HTTPNotFound(text=json.dumps(refused.body()), content_type="application/json")
+        return episode
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._episode(request)
+        return web.json_response(models_list(self.model))
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        episode = self._episode(request)
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        try:
+            chat = parse_chat_request(body, self.allowed)
+            try:
+                call = episode.capture.prompt(chat.messages, chat.tools)
+            except ValueError as e:  # messages the chat template cannot render
+                raise RefusedRequest(str(e), "messages") from e
+        except RefusedRequest as e:
+            return web.json_response(e.body(), status=400)
+        key = sample_seed(episode.key, episode.capture.calls)
+        [samples] = await self.generate(
+            [call.ids],
+            [key],
+            n=chat.n,
+            max_tokens=chat.max_tokens,
+            temperature=self.allowed.temperature,
+            stop=chat.stop,
+        )
+        replies = [reply_message(sample, chat.tools) for sample in samples]
+        episode.capture.sampled(call, samples, [message for message, _ in replies])
+        return web.json_response(
+            chat_completion(self.model, call.ids, samples, replies, self.renderer.tokenizer, chat.logprobs)
+        )

@@ -57,12 +57,13 @@ class EngineGenerate:
         return to_completions([""] * len(prompt_ids), prompt_ids, outputs, TOKENIZER, 3)
 
 
-def serve(engine, agent):
+def serve(engine, agent, max_sequence_tokens=64, max_calls=4):
     """Runs `agent(endpoint, generate)` against a started endpoint; its result."""
 
     async def main():
         generate = EngineGenerate(engine)
-        endpoint = AgentEndpoint(generate, TurnRenderer(PromptRenderer(TOKENIZER, "auto")), ALLOWED)
+        renderer = TurnRenderer(PromptRenderer(TOKENIZER, "auto"))
+        endpoint = AgentEndpoint(renderer, max_sequence_tokens=max_sequence_tokens, max_calls=max_calls)
         await endpoint.start()
         try:
             return await agent(endpoint, generate)
@@ -88,7 +89,7 @@ def closing(ids):
 
 def test_a_three_call_episode_trains_the_sampled_tokens_and_the_rendered_messages(engine):
     async def agent(endpoint, generate):
-        episode = endpoint.open(key=7)
+        episode = endpoint.open(7, generate, ALLOWED)
         messages = [{"role": "user", "content": "12+30="}]
         replies = []
         for follow_up in ("try again:", "last:"):
@@ -137,7 +138,7 @@ def test_a_three_call_episode_trains_the_sampled_tokens_and_the_rendered_message
 
 def test_an_agent_that_rewrites_its_history_gets_exact_split_sequences(engine):
     async def agent(endpoint, generate):
-        episode = endpoint.open(key=3)
+        episode = endpoint.open(3, generate, ALLOWED)
         first = [{"role": "user", "content": "7+8="}]
         answer = await client(episode).chat.completions.create(model="policy", messages=first)
         # The agent summarises instead of sending the conversation back.
@@ -160,7 +161,7 @@ def test_an_agent_that_rewrites_its_history_gets_exact_split_sequences(engine):
 
 def test_n_samples_fork_the_sequence_and_the_one_continued_grows(engine):
     async def agent(endpoint, generate):
-        episode = endpoint.open(key=5)
+        episode = endpoint.open(5, generate, ALLOWED)
         messages = [{"role": "user", "content": "2+2="}]
         answer = await client(episode).chat.completions.create(model="policy", messages=messages, n=3)
         chosen = answer.choices[1].message.content
@@ -180,7 +181,7 @@ def test_n_samples_fork_the_sequence_and_the_one_continued_grows(engine):
 def test_32_episodes_at_once_each_trains_only_its_own_calls(engine):
     async def agent(endpoint, generate):
         async def one(i):
-            episode = endpoint.open(key=i)
+            episode = endpoint.open(i, generate, ALLOWED)
             messages = [{"role": "user", "content": f"{i}+{i}="}]
             answer = await client(episode).chat.completions.create(model="policy", messages=messages)
             messages += [{"role": "assistant", "content": answer.choices[0].message.content}]
@@ -220,7 +221,7 @@ def test_32_episodes_at_once_each_trains_only_its_own_calls(engine):
 )
 def test_settings_that_would_bias_training_are_refused_with_a_clear_error(engine, settings, param):
     async def agent(endpoint, generate):
-        episode = endpoint.open(key=1)
+        episode = endpoint.open(1, generate, ALLOWED)
         with pytest.raises(openai.BadRequestError) as refused:
             await client(episode).chat.completions.create(
                 model="policy", messages=[{"role": "user", "content": "1+1="}], **settings
@@ -236,9 +237,38 @@ def test_settings_that_would_bias_training_are_refused_with_a_clear_error(engine
     assert len(generate.asked) == 1  # nothing was sampled for the refused call
 
 
+def test_a_call_samples_within_the_sequence_budget_and_past_it_or_max_calls_is_refused(engine):
+    async def agent(endpoint, generate):
+        episode = endpoint.open(1, generate, ALLOWED)
+        messages = [{"role": "user", "content": "123456789="}]  # 11 tokens of the 14
+        answer = await client(episode).chat.completions.create(model="policy", messages=messages)
+        refusals = []
+        messages += [{"role": "assistant", "content": answer.choices[0].message.content}]
+        messages += [{"role": "user", "content": "more:"}]
+        with pytest.raises(openai.BadRequestError) as full:
+            await client(episode).chat.completions.create(model="policy", messages=messages)
+        refusals.append(full.value.body)
+        other = endpoint.open(2, generate, ALLOWED)
+        for _ in range(2):
+            await client(other).chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "1="}]
+            )
+        with pytest.raises(openai.BadRequestError) as calls:
+            await client(other).chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "1="}]
+            )
+        refusals.append(calls.value.body)
+        return generate, refusals
+
+    generate, (full, calls) = serve(engine, agent, max_sequence_tokens=14, max_calls=2)
+    assert generate.asked[0]["max_tokens"] == 3  # 14 - 11: cut from the 6 allowed
+    assert full["code"] == "context_length_exceeded" and "seq_len" in full["message"]
+    assert calls["code"] == "max_calls" and "agent.max_calls" in calls["message"]
+
+
 def test_models_are_listed_and_an_ended_episode_is_refused(engine):
     async def agent(endpoint, generate):
-        episode = endpoint.open(key=1)
+        episode = endpoint.open(1, generate, ALLOWED)
         models = await client(episode).models.list()
         endpoint.close(episode)
         with pytest.raises(openai.NotFoundError, match="no such episode"):

@@ -35,21 +35,21 @@ TOOLS = {"tools", "tool_choice"}
 
 
 class RefusedRequest(ValueError):
-    """A request forge does not serve; ``param`` is the field to change."""
+    """A request forge does not serve; ``param`` is the field to change, ``code`` OpenAI's code
+    for the case where it has one."""
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code
 
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": str(self),
-                "type": "invalid_request_error",
-                "param": self.param,
-                "code": None,
-            }
+        error = {
+            "message": str(self),
+            "type": "invalid_request_error",
+            "param": self.param,
+            "code": self.code,
         }
+        return {"error": error}
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,14 @@ event loop, that answers each episode's chat calls with the policy and captures 
 Every episode has a path of its own, ``/episodes/<id>/v1``: an agent's ``openai.AsyncOpenAI``
 gets it as its base URL, so episodes running at once never mix, and nothing else identifies
 them. Under it: ``POST /chat/completions`` (`forge.agents.openai_api` says what a request may
-ask) and ``GET /models``. Samples come from ``generate``, the rollouts' generate call
-(`forge.rollout.groups.Generate`); the k-th call of an episode is seeded by (the episode's key,
-k), so a run in sync mode samples the same tokens every time.
+ask) and ``GET /models``. Each episode samples through its own ``generate`` (the rollouts'
+generate call, `forge.rollout.groups.Generate`, bound to the rollout's policy version) with
+its own allowed settings (the loss's temperature in training, greedy in the eval); its k-th
+call is seeded by (the episode's key, k), so a run in sync mode samples the same tokens every
+time. A call may sample up to the token budget of a training sequence (``max_sequence_tokens``,
+the trainer's ``seq_len``), its ``max_tokens`` cut to what is left; a conversation that has
+used it all is refused with OpenAI's ``context_length_exceeded``, as is a call past the
+episode's ``max_calls``.
 """
 
 from __future__ import annotations
@@ -34,12 +39,14 @@ from forge.rollout.groups import Generate
 
 @dataclass
 class AgentEpisode:
-    """One episode's address and what its calls sampled."""
+    """One episode's address, how it samples, and what its calls sampled."""
 
     id: str
     key: int
     base_url: str
     capture: EpisodeCapture
+    generate: Generate
+    allowed: AgentSampling
 
 
 class AgentEndpoint:
@@ -47,9 +54,14 @@ class AgentEndpoint:
     `/models` lists and responses carry."""
 
     def __init__(
-        self, generate: Generate, renderer: TurnRenderer, allowed: AgentSampling, model: str = "policy"
+        self,
+        renderer: TurnRenderer,
+        max_sequence_tokens: int | None = None,
+        max_calls: int | None = None,
+        model: str = "policy",
     ):
-        self.generate, self.renderer, self.allowed, self.model = generate, renderer, allowed, model
+        self.renderer, self.model = renderer, model
+        self.max_sequence_tokens, self.max_calls = max_sequence_tokens, max_calls
         self._episodes: dict[str, AgentEpisode] = {}
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -69,12 +81,11 @@ class AgentEndpoint:
             await self._runner.cleanup()
             self._runner = None
 
-    def open(self, key: int) -> AgentEpisode:
-        """A new episode, its calls seeded from `key`."""
+    def open(self, key: int, generate: Generate, allowed: AgentSampling) -> AgentEpisode:
+        """A new episode that samples with `generate` as `allowed`, its calls seeded from `key`."""
         episode_id = uuid.uuid4().hex
-        episode = AgentEpisode(
-            episode_id, key, f"{self.url}/episodes/{episode_id}/v1", EpisodeCapture(self.renderer)
-        )
+        address = f"{self.url}/episodes/{episode_id}/v1"
+        episode = AgentEpisode(episode_id, key, address, EpisodeCapture(self.renderer), generate, allowed)
         self._episodes[episode_id] = episode
         return episode
 
@@ -101,20 +112,26 @@ class AgentEndpoint:
         except ValueError:
             body = None
         try:
-            chat = parse_chat_request(body, self.allowed)
+            chat = parse_chat_request(body, episode.allowed)
+            if self.max_calls is not None and episode.capture.calls >= self.max_calls:
+                raise RefusedRequest(
+                    f"this episode made its {self.max_calls} calls (agent.max_calls): end it",
+                    code="max_calls",
+                )
             try:
                 call = episode.capture.prompt(chat.messages, chat.tools)
             except ValueError as e:  # messages the chat template cannot render
                 raise RefusedRequest(str(e), "messages") from e
+            max_tokens = self._room(len(call.ids), chat.max_tokens)
         except RefusedRequest as e:
             return web.json_response(e.body(), status=400)
         key = sample_seed(episode.key, episode.capture.calls)
-        [samples] = await self.generate(
+        [samples] = await episode.generate(
             [call.ids],
             [key],
             n=chat.n,
-            max_tokens=chat.max_tokens,
-            temperature=self.allowed.temperature,
+            max_tokens=max_tokens,
+            temperature=episode.allowed.temperature,
             stop=chat.stop,
         )
         replies = [reply_message(sample, chat.tools) for sample in samples]
@@ -122,3 +139,17 @@ class AgentEndpoint:
         return web.json_response(
             chat_completion(self.model, call.ids, samples, replies, self.renderer.tokenizer, chat.logprobs)
         )
+
+    def _room(self, prompt_tokens: int, max_tokens: int) -> int:
+        """`max_tokens`, cut to what the sequence budget leaves after the prompt."""
+        if self.max_sequence_tokens is None:
+            return max_tokens
+        left = self.max_sequence_tokens - prompt_tokens
+        if left <= 0:
+            raise RefusedRequest(
+                f"the conversation holds {prompt_tokens} tokens, and a training sequence of this run holds "
+                f"{self.max_sequence_tokens} (trainer.engine.training.seq_len): end the episode",
+                "messages",
+                code="context_length_exceeded",
+            )
+        return min(max_tokens, left)

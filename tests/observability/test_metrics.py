@@ -101,9 +101,11 @@ def test_console_backend_prints_whatever_the_root_logger_level(capsys):
     logging.getLogger().setLevel(logging.WARNING)  # as the apps configure it
     try:
         ConsoleBackend(keys=["loss/pg", "train/lr"]).log(3, {"loss/pg": 0.25, "train/lr": 3e-4, "other": 1.0})
+        # An eval whose every row failed has no mean reward: nan prints, it does not stop the run.
+        ConsoleBackend(keys=["eval/reward_mean"]).log(4, {"eval/reward_mean": float("nan")})
     finally:
         logging.getLogger().setLevel(root_level)
-    assert capsys.readouterr().out == "step 3 | loss/pg=0.25 train/lr=0.0003\n"
+    assert capsys.readouterr().out == "step 3 | loss/pg=0.25 train/lr=0.0003\nstep 4 | eval/reward_mean=nan\n"
 
 
 def test_rows_dropped_on_resume_while_the_file_is_open_and_later_rows_still_land(tmp_path):

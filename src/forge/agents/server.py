@@ -9,7 +9,8 @@ ask) and ``GET /models``. Each episode samples through its own ``generate`` (the
 generate call, `forge.rollout.groups.Generate`, bound to the rollout's policy version) with
 its own allowed settings (the loss's temperature in training, greedy in the eval); its k-th
 call is seeded by (the episode's key, k), so a run in sync mode samples the same tokens every
-time. A call may sample up to the token budget of a training sequence (``max_sequence_tokens``,
+time. Calls of episodes running at once reach the generator in batches
+(`forge.agents.batching`). A call may sample up to the token budget of a training sequence (``max_sequence_tokens``,
 the trainer's ``seq_len``), its ``max_tokens`` cut to what is left; a conversation that has
 used it all is refused with OpenAI's ``context_length_exceeded``, as is a call past the
 episode's ``max_calls``.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from forge.agents.batching import CallBatcher
 from forge.agents.capture import EpisodeCapture
 from forge.agents.openai_api import (
     AgentSampling,
@@ -63,6 +65,7 @@ class AgentEndpoint:
         self.renderer, self.model = renderer, model
         self.max_sequence_tokens, self.max_calls = max_sequence_tokens, max_calls
         self._episodes: dict[str, AgentEpisode] = {}
+        self._batcher = CallBatcher()
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -73,7 +76,8 @@ class AgentEndpoint:
         app.router.add_get("/episodes/{episode}/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        # A rollout's episodes connect at once: a listen backlog for all of them.
+        await web.TCPSite(self._runner, host, port, backlog=4096).start()
         self.url = f"http://{host}:{self._runner.addresses[0][1]}"
 
     async def stop(self) -> None:
@@ -111,6 +115,8 @@ class AgentEndpoint:
             body = await request.json()
         except ValueError:
             body = None
+        except ConnectionResetError:  # the agent gave up on the call (its episode was cancelled)
+            return web.Response(status=499)
         try:
             chat = parse_chat_request(body, episode.allowed)
             if self.max_calls is not None and episode.capture.calls >= self.max_calls:
@@ -125,10 +131,10 @@ class AgentEndpoint:
             max_tokens = self._room(len(call.ids), chat.max_tokens)
         except RefusedRequest as e:
             return web.json_response(e.body(), status=400)
-        key = sample_seed(episode.key, episode.capture.calls)
-        [samples] = await episode.generate(
-            [call.ids],
-            [key],
+        samples = await self._batcher.sample(
+            episode.generate,
+            call.ids,
+            sample_seed(episode.key, episode.capture.calls),
             n=chat.n,
             max_tokens=max_tokens,
             temperature=episode.allowed.temperature,

@@ -35,7 +35,8 @@ class Completion:
     environment's (None: all the model's), whose logprobs are 0.0 and never trained;
     ``token_versions`` is the version of each response token (None: all ``policy_version``);
     ``turns`` splits the response by author (None: one model turn); ``truncated`` says a limit
-    (turns or tokens) ended the trajectory before the environment did.
+    (turns or tokens) ended the trajectory before the environment did; ``split_sequences`` are
+    the other training sequences of an agent's episode (see the field).
     """
 
     prompt: str
@@ -49,6 +50,9 @@ class Completion:
     token_versions: list[int] | None = None
     turns: list[Turn] | None = None
     truncated: bool = False
+    # An agent's episode split by a rewritten history (forge.agents.capture): the sequences
+    # before this one, which train with its reward and advantage.
+    split_sequences: "list[Completion] | None" = None
 
     def __post_init__(self) -> None:
         for name in ("logprobs", "response_mask", "token_versions"):

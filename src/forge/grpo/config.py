@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from forge.actors.generator import GeneratorConfig
 from forge.actors.reward import RewardConfig
+from forge.agents.config import AgentConfig
 from forge.config import ForgeConfigModel
 from forge.controller import ProvisionerConfig
 from forge.data.prompts import PromptDataConfig
@@ -94,6 +95,9 @@ class GRPOConfig(ForgeConfigModel):
     dataset: PromptDataConfig = PromptDataConfig()
     # Multi-turn episodes with an environment (forge.envs); None: one turn per prompt.
     env: EnvConfig | None = None
+    # An agent program that talks to the policy over the OpenAI API (forge.agents), instead of
+    # an environment.
+    agent: AgentConfig | None = None
     generator: GeneratorConfig = GeneratorConfig()
     trainer: TrainerSection
     reference: ReferenceSection = ReferenceSection()
@@ -122,6 +126,10 @@ class GRPOConfig(ForgeConfigModel):
             raise ValueError(
                 f"trainer.profile_step ({profiled}) must be below max_steps ({self.max_steps}): the "
                 "profile covers a step up to the start of the next"
+            )
+        if self.env is not None and self.agent is not None:
+            raise ValueError(
+                f"env ({self.env.name}) and agent ({self.agent.function}) are two sources of episodes: set one"
             )
         if self.rollout.replay_from is not None and not self.trainer.enabled:
             raise ValueError("rollout.replay_from trains on recorded rollouts: it needs trainer.enabled=true")
@@ -232,7 +240,11 @@ class GRPOConfig(ForgeConfigModel):
         # fixed_horizon divides by the longest possible response, not by each batch's width.
         if loss.agg_type == "fixed_horizon" and loss.horizon is None:
             derived["horizon"] = (
-                self.generator.sampling.max_tokens if self.env is None else self.trajectory_limits.max_tokens
+                self.trainer.engine.training.seq_len
+                if self.agent is not None
+                else self.generator.sampling.max_tokens
+                if self.env is None
+                else self.trajectory_limits.max_tokens
             )
         if derived:
             self.trainer.loss = loss.model_copy(update=derived)

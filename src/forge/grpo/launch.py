@@ -20,6 +20,9 @@ from forge.actors.replay_buffer import ReplayBuffer
 from forge.actors.reward import RewardActor
 from forge.actors.reward_models import launch_reward_models
 from forge.actors.trainer import TitanTrainer
+from forge.agents.config import load_agent_function
+from forge.agents.rollout import AgentRollouts
+from forge.agents.server import AgentEndpoint
 from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP
 from forge.data.chat_prompts import PromptRenderer
 from forge.envs.turns import TurnRenderer
@@ -99,6 +102,20 @@ async def launch_replay_buffer(cfg: GRPOConfig, pad: int, recorder: RolloutRecor
     return await ReplayBuffer.as_actor(cfg.replay_buffer, pad, cfg.dp_size, batches)
 
 
+async def start_agent(cfg: GRPOConfig, renderer: TurnRenderer) -> AgentRollouts | None:
+    """The agent's endpoint, serving on this host (stopped by the run's end)."""
+    if cfg.agent is None:
+        return None
+    endpoint = AgentEndpoint(renderer, cfg.trainer.engine.training.seq_len, cfg.agent.max_calls)
+    await endpoint.start()
+    return AgentRollouts(
+        load_agent_function(cfg.agent.function),
+        endpoint,
+        cfg.agent.timeout_s,
+        cfg.generator.sampling.temperature,
+    )
+
+
 async def launch_actors(
     cfg: GRPOConfig, recorder: RolloutRecorder | None, eval_scorer: RewardScorer, tokenizer
 ) -> GRPOActors:
@@ -130,13 +147,15 @@ async def launch_actors(
         launch_reward_models(cfg.reward, gpus),
         asyncio.to_thread(eval_scorer.start),
     )
+    renderer = turn_renderer(cfg, tokenizer)
     rollouts = Rollouts(
         generator,
-        turn_renderer(cfg, tokenizer),
+        renderer,
         cfg.generator.sampling.max_tokens,
         envs,
         cfg.trajectory_limits,
         drop_truncated=cfg.env is not None and cfg.env.on_truncation == "drop",
         deadline=cfg.generator.deadline,
+        agent=await start_agent(cfg, renderer),
     )
     return GRPOActors(dataset, rollouts, trainer, replay_buffer, reward, advantages, reference, reward_models)

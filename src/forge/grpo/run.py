@@ -109,7 +109,7 @@ async def _train(cfg: GRPOConfig, report: Report, tokenizer) -> dict:
         memory_limit_gib=cfg.reward.memory_limit_gib,
         metric_prefix="eval/reward",
     )
-    generator = None
+    generator = agent = None
     try:  # from here on the store and the logger are released however start-up ends
         recorder = (
             RolloutRecorder(cfg.metrics.rollouts_path, cfg.metrics.rollouts_every)
@@ -120,7 +120,7 @@ async def _train(cfg: GRPOConfig, report: Report, tokenizer) -> dict:
         # that ended well, and never hides the error a run stopped with (RolloutRecorder.__exit__).
         with recorder or contextlib.nullcontext():
             actors = await launch_actors(cfg, recorder, eval_scorer, tokenizer)
-            generator = actors.rollouts.generator
+            generator, agent = actors.rollouts.generator, actors.rollouts.agent
             if cfg.provisioner.hosts:
                 report((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))
             eval_rows = (await actors.dataset.eval_set.route())[: cfg.eval.num_prompts]
@@ -136,6 +136,8 @@ async def _train(cfg: GRPOConfig, report: Report, tokenizer) -> dict:
             return await loops.run(progress)
     finally:
         await metric_logger.close()
+        if agent is not None:
+            await agent.close()
         if generator is not None:  # no generator is waiting on the store when it stops
             await stop_pulling(generator)
         await (await get_provisioner()).stop_supervisors()  # no replica is replaced any more

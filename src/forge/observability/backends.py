@@ -24,7 +24,8 @@ class MetricBackend(ABC):
 
 
 def _format_value(v: float) -> str:
-    if v == int(v) and abs(v) < 1e9:
+    # nan (an eval whose every row failed has no mean reward) and inf print as such.
+    if math.isfinite(v) and v == int(v) and abs(v) < 1e9:
         return str(int(v))
     return f"{v:.4g}"
 

@@ -54,6 +54,11 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
     row per step, with the app's metric names and "step", "eval_accuracy": [(step, accuracy),
     ...] from step 0}`; `on_step(step, row)` sees each row as it is made. Runs torch on `cfg.actor_threads` threads, as each of the app's
     actors does."""
+    if cfg.agent is not None:
+        raise ValueError(
+            f"agent ({cfg.agent.function}): the serial recipe runs environments only; run an agent with "
+            "the app (python -m apps.grpo.main)"
+        )
     if cfg.actor_threads is not None:
         torch.set_num_threads(cfg.actor_threads)
     torch.manual_seed(cfg.seed)

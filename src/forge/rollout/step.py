@@ -20,6 +20,7 @@ import torch
 
 from forge.actors.environment import ActorEnvironments
 from forge.actors.reference import reference_logprobs
+from forge.agents.rollout import AgentRollouts
 from forge.controller.liveness import CallDeadline
 from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError
 from forge.data.types import Completion, Episode
@@ -36,9 +37,9 @@ from forge.rollout.scores import score_trajectories
 class Rollouts:
     """How dataset rows become groups of trajectories (``forge.rollout.groups``): the generator
     (actor or service), the chat template, and the environment actors (None: the built-in
-    ``OneTurn``, one turn per prompt). ``max_tokens`` bounds each model turn
-    (``generator.sampling.max_tokens``); each generate call must answer within ``deadline`` for
-    the tokens it may sample."""
+    ``OneTurn``, one turn per prompt), or an agent program instead (``forge.agents.rollout``).
+    ``max_tokens`` bounds each model turn (``generator.sampling.max_tokens``); each generate
+    call must answer within ``deadline`` for the tokens it may sample."""
 
     generator: Any
     renderer: TurnRenderer
@@ -48,6 +49,7 @@ class Rollouts:
     drop_truncated: bool = False
     deadline: CallDeadline = field(default_factory=CallDeadline)
     env_failures: EnvFailures = field(default_factory=EnvFailures)
+    agent: AgentRollouts | None = None
 
     async def groups(
         self,
@@ -84,6 +86,11 @@ class Rollouts:
                 **sampling,
             )
 
+        if self.agent is not None:
+            max_tokens = max_tokens or self.max_tokens
+            return await self.agent.groups(
+                rows, sample_keys, group_size, generate, max_tokens, sampling.get("temperature")
+            )
         if self.envs is None:  # single turn: the built-in environment, in this process
             return await run(OneTurn())
         # A rollout's trajectories stay on one environment replica: it holds their state.
@@ -96,7 +103,9 @@ async def score_groups(
 ) -> list[list[Episode]]:
     """Rewards (`forge.rollout.scores`: the reward actor's functions and server, the reward
     models, the environment's), then group-relative advantages, for the completions of each
-    prompt: one call to the reward actor, the reward models' calls at once, one to advantages."""
+    prompt: one call to the reward actor, the reward models' calls at once, one to advantages.
+    An agent's episode split into several sequences is scored once, by its final one, and each
+    sequence becomes an episode with that reward and advantage."""
     scores = await score_trajectories(
         groups, [r["target"] for r in rows], reward.evaluate_groups.route, reward_models
     )
@@ -107,7 +116,7 @@ async def score_groups(
         scored.append(
             [
                 Episode(
-                    c,
+                    sequence,
                     row["target"],
                     group_id,
                     reward=total,
@@ -116,9 +125,17 @@ async def score_groups(
                     advantage=adv,
                 )
                 for c, (total, breakdown, notes), adv in zip(group, group_scores, group_values, strict=True)
+                for sequence in [*_taken_splits(c), c]
             ]
         )
     return scored
+
+
+def _taken_splits(completion: Completion) -> list[Completion]:
+    """The sequences an agent's episode was split into before `completion` (scored and
+    advantaged as the episode, they train with it), taken off it."""
+    splits, completion.split_sequences = completion.split_sequences or [], None
+    return splits
 
 
 def without_truncated(groups: list[list[Episode]]) -> list[list[Episode]]:

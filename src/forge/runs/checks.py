@@ -12,6 +12,7 @@ import asyncio
 import json
 from pathlib import Path
 
+from forge.agents.config import load_agent_function
 from forge.data.prompts import Row, load_prompt_rows
 from forge.engines.generation import check_model_dir
 from forge.grpo.config import GRPOConfig
@@ -29,7 +30,9 @@ def check_run_inputs(cfg: GRPOConfig) -> None:
     check_policy_model(cfg, len(tokenizer))
     train, evaluation = load_prompt_rows(cfg.dataset)  # raises on a missing column or no prompts
     seq_len, max_tokens = cfg.trainer.engine.training.seq_len, cfg.generator.sampling.max_tokens
-    if cfg.env is None:
+    if cfg.agent is not None:
+        load_agent_function(cfg.agent.function)  # its episodes' prompts are the agent's calls
+    elif cfg.env is None:
         check_prompt_lengths(
             train,
             tokenizer,

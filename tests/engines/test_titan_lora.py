@@ -262,6 +262,15 @@ def test_config_refusals_name_the_key(lora, message):
         make_config(lora)
 
 
+def test_a_pattern_that_matches_no_layer_of_the_model_is_refused():
+    """A mixture of experts has no gate/up/down projections (its experts are grouped tensors)."""
+    lora = {"target_modules": "gate_proj|up_proj"}
+    with pytest.raises(
+        ValueError, match=r"lora\.target_modules .* matches no linear layer .*: k_proj, o_proj"
+    ):
+        TitanEngine(make_config(lora, model={"flavor": "debugmodel_moe"}))
+
+
 def test_config_refusals_name_the_key_in_a_run_config():
     raw = {"policy_path": "unused", "trainer": {"engine": {"lora": {"target_modules": "lm_head"}}}}
     with pytest.raises(ValidationError, match=r"trainer\.engine\.lora\.target_modules\n"):

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torchtitan.protocols.state_dict_adapter import BaseStateDictAdapter
 
-from forge.engines.titan.config import LoraConfig
+from forge.engines.titan.config import LORA_LAYER_NAMES, LoraConfig
 
 _ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
 
@@ -109,7 +109,8 @@ class LoraAdapters:
         ``frozen_dtype`` if given (a frozen weight needs no float32 master copy)."""
         targets = set(config.targets())
         layers, hf_modules = {}, {}
-        for name, hf_module in _hf_linear_modules(model, state_dict_adapter).items():
+        hf_linear = _hf_linear_modules(model, state_dict_adapter)
+        for name, hf_module in hf_linear.items():
             if hf_module.rsplit(".", 1)[-1] not in targets:
                 continue
             parent_name, _, attribute = name.rpartition(".")
@@ -117,11 +118,17 @@ class LoraAdapters:
             layers[name] = LoraLinear.replacing(getattr(parent, attribute), config)
             setattr(parent, attribute, layers[name])
             hf_modules[name] = hf_module
+        if not layers:  # e.g. only MLP layers named, in a mixture-of-experts model (it has none)
+            present = sorted({module.rsplit(".", 1)[-1] for module in hf_linear.values()})
+            raise ValueError(
+                f"lora.target_modules {config.target_modules!r} matches no linear layer of this model "
+                f"(its layers: {', '.join(present)})"
+            )
         adapter_params = {id(p) for layer in layers.values() for p in (layer.lora_A, layer.lora_B)}
         for param in model.parameters():
             if id(param) not in adapter_params:
                 param.requires_grad_(False)
-                if frozen_dtype is not None:
+                if frozen_dtype is not None:  # in place: a tied weight stays one parameter
                     param.data = param.data.to(frozen_dtype)
         return cls(config, layers, hf_modules)
 
@@ -200,15 +207,16 @@ def _whole(tensor: torch.Tensor) -> torch.Tensor:
 
 def _hf_linear_modules(model: nn.Module, state_dict_adapter: BaseStateDictAdapter) -> dict[str, str]:
     """torchtitan module name -> Hugging Face module name of each linear layer of the decoder
-    blocks, as the train spec's state-dict adapter names their weights."""
+    blocks that LoRA may adapt (``LORA_LAYER_NAMES``; not a mixture of experts' router), as the
+    train spec's state-dict adapter names their weights."""
     names = {}
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and name.startswith("layers."):
             weight = torch.empty(module.weight.shape, device="meta")
-            hf_weights = list(state_dict_adapter.to_hf({f"{name}.weight": weight}))
-            if hf_weights:  # not exported (MoE routers of some specs)
-                (hf_weight,) = hf_weights
-                names[name] = hf_weight.removesuffix(".weight")
+            for hf_weight in state_dict_adapter.to_hf({f"{name}.weight": weight}):
+                hf_module = hf_weight.removesuffix(".weight")
+                if hf_module.rsplit(".", 1)[-1] in LORA_LAYER_NAMES:
+                    names[name] = hf_module
     return names
 
 

@@ -10,6 +10,8 @@ reading a config does not pull in torch and torchtitan):
 - ``parallelize``: FSDP/TP/activation checkpointing via the train spec, with two fixes.
 - ``hf``: Hugging Face names, safetensors loading and export.
 - ``checkpoint``: atomic DCP checkpoints (model, optimizer, LR scheduler, step, extra state).
+- ``lora``: LoRA adapters on the frozen model, merged for whatever reads the weights;
+  ``lora_export``: the adapters as a PEFT adapter directory.
 - ``engine``: ``TitanEngine``, which ties them together.
 - ``logprobs``: completions' response logprobs (the reference model's), per data-parallel share.
 """

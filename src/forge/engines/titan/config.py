@@ -5,9 +5,10 @@ the model, the learning rate and the mixed precision. ``job_config.build_job_con
 this into torchtitan's ``JobConfig``.
 """
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -132,12 +133,54 @@ class TrainingConfig(_Section):
     activation_checkpoint: Literal["none", "full", "selective"] = "none"
 
 
+# The Hugging Face names of the decoder blocks' linear layers, in every architecture the engine
+# builds (torchtitan's names: attention.wq/wk/wv/wo, feed_forward.w1/w3/w2).
+LORA_LAYER_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(_Section):
+    """LoRA (``forge.engines.titan.lora``): the base model is frozen and each adapted linear layer
+    learns a low-rank update ``alpha / rank * B A``. Embeddings and the output layer are never
+    adapted. A trainable engine only: an engine built with ``trainable=False`` (the reference
+    model) is the base model."""
+
+    rank: int = Field(default=8, gt=0)
+    alpha: float = Field(default=16.0, gt=0)
+    """The update is scaled by ``alpha / rank``."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input, in training passes only (scoring is deterministic)."""
+    target_modules: str = "|".join(LORA_LAYER_NAMES)
+    """A regular expression that the adapted layers' Hugging Face names match whole
+    (``re.fullmatch``), among q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+    e.g. ``q_proj|v_proj``. Default: all seven."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _matches_a_layer(cls, pattern: str) -> str:
+        try:
+            compiled = re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"not a regular expression ({e})") from None
+        if not any(compiled.fullmatch(name) for name in LORA_LAYER_NAMES):
+            raise ValueError(
+                f"matches none of the linear layers {', '.join(LORA_LAYER_NAMES)} (matched whole); "
+                "name some of them, e.g. 'q_proj|v_proj'"
+            )
+        return pattern
+
+    def targets(self) -> list[str]:
+        """The Hugging Face names of the layers that get adapters."""
+        return [name for name in LORA_LAYER_NAMES if re.fullmatch(self.target_modules, name)]
+
+
 class TitanEngineConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     lr_scheduler: LRSchedulerConfig = Field(default_factory=LRSchedulerConfig)
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    lora: LoraConfig | None = None
+    """Train LoRA adapters on the frozen model instead of every weight; None: full training."""
 
     @model_validator(mode="after")
     def _seq_len_splits(self) -> "TitanEngineConfig":
@@ -149,5 +192,16 @@ class TitanEngineConfig(_Section):
                 f"training.seq_len ({self.training.seq_len}) must be a multiple of 2 * "
                 f"parallelism.tensor_parallel_degree ({divisor}), as torchtitan's sequence parallelism "
                 "needs: round it up"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_without_tensor_parallelism(self) -> "TitanEngineConfig":
+        # The adapters are merged into the weights row by row, as FSDP shards both; tensor
+        # parallelism also splits some weights by columns.
+        if self.lora is not None and self.parallelism.tensor_parallel_degree > 1:
+            raise ValueError(
+                "lora does not support parallelism.tensor_parallel_degree > 1 yet: use data "
+                "parallelism (data_parallel_shard_degree) or unset lora"
             )
         return self

@@ -15,7 +15,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,6 +49,8 @@ from forge.engines.titan.hf import (
     write_hf_dir,
 )
 from forge.engines.titan.job_config import build_job_config
+from forge.engines.titan.lora import AdapterWeights, LoraAdapters, is_adapter
+from forge.engines.titan.lora_export import write_peft_dir
 from forge.engines.titan.packing import MicrobatchPlan, PackedRow
 from forge.engines.titan.parallelize import build_parallel_dims, parallelize
 from forge.engines.titan.row_shards import RowShards, hf_names, row_shards
@@ -81,6 +83,10 @@ class TitanEngine:
     ``forward`` and ``train_step`` give logits ``[B, T, V]`` in the compute dtype: float32 by
     default, bfloat16 when ``training.dtype`` or ``training.mixed_precision_param`` is bfloat16
     (losses should upcast before a log-softmax).
+
+    With ``lora`` set (and ``trainable``) the model's linear layers get LoRA adapters
+    (``forge.engines.titan.lora``): only they are trained, and whatever reads the weights
+    (``hf_state_dict``, ``hf_row_shards``, ``export_hf``) gets them merged into the base weights.
     """
 
     def __init__(self, config: TitanEngineConfig, trainable: bool = True) -> None:
@@ -115,6 +121,8 @@ class TitanEngine:
         dist_utils.set_determinism(
             self.parallel_dims, self.device, self.job_config.debug, distinct_seed_mesh_dims=["pp"]
         )
+        # Set by _build_model with `lora`: the adapted layers.
+        self.adapters: LoraAdapters | None = None
         self.model = self._build_model()
         if config.model.hf_path is not None:
             self.load_hf_checkpoint(config.model.hf_path)
@@ -130,11 +138,11 @@ class TitanEngine:
             self.model.eval()
             self.model.requires_grad_(False)
         logger.info(
-            "built %s on %s (%d parameters, trainable=%s)",
+            "built %s on %s (%d parameters, %d of them trained)",
             self.model_description,
             self.device,
             sum(p.numel() for p in self.model.parameters()),
-            trainable,
+            sum(p.numel() for p in self.model.parameters() if p.requires_grad),
         )
 
     @property
@@ -151,6 +159,8 @@ class TitanEngine:
             model = self.spec.model_cls(self.model_args)
         use_document_attention(model)
         model.output = ScoringHead.replacing(model.output)
+        if self.config.lora is not None and self.trainable:
+            self.adapters = LoraAdapters.add_to(model, self.adapter, self.config.lora, self._frozen_dtype())
         args = self.model_args
         head_dim = getattr(args, "head_dim", None) or args.dim // args.n_heads
         self.flops = ModelFlops(model, args.n_layers, args.n_heads, head_dim)
@@ -160,8 +170,23 @@ class TitanEngine:
         model.to_empty(device=self.device)
         with torch.no_grad():
             model.init_weights(buffer_device=None)
+        if self.adapters is not None:  # init_weights leaves them as to_empty did: unset
+            set_model_state_dict(
+                model,
+                self.adapters.initial(self.config.training.seed),
+                options=StateDictOptions(full_state_dict=True, strict=False),
+            )
         model.train()
         return model
+
+    def _frozen_dtype(self) -> torch.dtype | None:
+        """The dtype of LoRA's frozen weights: the compute dtype when it is narrower than the
+        parameters' (a weight that never changes needs no float32 master copy, and compute
+        casts it to that dtype anyway); None keeps the parameters' dtype."""
+        training = self.config.training
+        if training.dtype == "float32" and training.mixed_precision_param == "bfloat16":
+            return torch.bfloat16
+        return None
 
     def _compute_context(self) -> contextlib.AbstractContextManager:
         """Around every pass of a step or scoring call, backward passes included (activation
@@ -427,18 +452,19 @@ class TitanEngine:
         return dict(zip(names, stacked.tolist(), strict=True))
 
     def hf_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """Full (gathered on every rank) tensors under Hugging Face names.
+        """Full (gathered on every rank) tensors under Hugging Face names; with LoRA, the
+        adapters merged into the weights.
 
         With ``dtype`` (e.g. the generator's bfloat16) each parameter is cast on its own shard
         before the gather, so the gather moves that dtype's bytes and the float32 master
-        weights stay untouched. Without it, the parameter dtype is kept, and without sharding
-        the tensors may share storage with the live parameters: copy them if they must outlive
-        the next ``train_step``.
+        weights stay untouched. Without it, the parameter dtype is kept (a merged weight is in
+        float32 unless everything is bfloat16), and without sharding the tensors may share
+        storage with the live parameters: copy them if they must outlive the next ``train_step``.
         """
-        if dtype is None:
-            titan_sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        else:
-            titan_sd = {name: _gather(t.detach().to(dtype)) for name, t in self._titan_state_dict().items()}
+        titan_sd = {
+            name: _gather(t.detach() if dtype is None else t.detach().to(dtype))
+            for name, t in self._weights()
+        }
         return self.adapter.to_hf(titan_sd)
 
     def hf_row_shards(self, dtype: torch.dtype | None = None) -> RowShards | None:
@@ -448,22 +474,35 @@ class TitanEngine:
         than rename)."""
         if self.parallel_dims.tp_enabled or not self._hf_row_names:
             return None
-        return row_shards(self._titan_state_dict(), self._hf_row_names, dtype)
+        return row_shards(self._weights(), self._hf_row_names, dtype)
 
     @functools.cached_property
     def _hf_row_names(self) -> dict[str, str] | None:
-        return hf_names(self.adapter, list(self._titan_state_dict()))
+        return hf_names(self.adapter, [name for name in self._titan_state_dict() if not is_adapter(name)])
 
     def _titan_state_dict(self) -> dict[str, torch.Tensor]:
         # A compiled block is a wrapper whose own names add `_orig_mod`.
         return {name.replace("._orig_mod", ""): t for name, t in self.model.state_dict().items()}
 
+    def _weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights the model computes with, under torchtitan's names (sharded as the
+        parameters are): with LoRA, merged one at a time (``LoraAdapters.merged``)."""
+        if self.adapters is None:
+            return iter(self._titan_state_dict().items())
+        return self.adapters.merged(self._titan_state_dict())
+
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor], source: str = "a state dict") -> None:
-        """Replace the weights (not the optimizer state) with full tensors under HF names."""
-        titan_shapes = {name: t.shape for name, t in get_model_state_dict(self.model).items()}
+        """Replace the weights (not the optimizer state) with full tensors under HF names. With
+        LoRA they become the frozen base, and the adapters start afresh: the model is then
+        exactly the weights loaded."""
+        titan_shapes = {
+            name: t.shape for name, t in get_model_state_dict(self.model).items() if not is_adapter(name)
+        }
         expected = expected_hf_shapes(self.adapter, titan_shapes)
         state_dict = check_hf_state_dict(state_dict, expected, self.tied_embeddings, source)
         titan_sd = self.adapter.from_hf(state_dict)
+        if self.adapters is not None:
+            titan_sd.update(self.adapters.initial(self.config.training.seed))
         set_model_state_dict(self.model, titan_sd, options=StateDictOptions(full_state_dict=True))
 
     def load_hf_checkpoint(self, path: str | Path) -> None:
@@ -493,9 +532,37 @@ class TitanEngine:
         dist.barrier()
         return Path(out_dir)
 
+    def export_peft(self, out_dir: str | Path, base_model_name_or_path: str | None = None) -> Path:
+        """Write the LoRA adapters as a PEFT adapter directory (``adapter_config.json``,
+        ``adapter_model.safetensors``) that ``peft.PeftModel.from_pretrained`` loads onto the
+        base model (every rank gathers, rank 0 writes). ``base_model_name_or_path`` goes into
+        the config; default: the checkpoint the engine loaded (``model.hf_path``), if any."""
+        if self.adapters is None:
+            raise RuntimeError("export_peft needs LoRA adapters: this engine was built without lora")
+        if base_model_name_or_path is None and self.checkpoint_model is not None:
+            base_model_name_or_path = str(self.checkpoint_model.path)
+        titan_sd = self._titan_state_dict()
+        adapters = {name: _gather(titan_sd[name].detach()) for name in self.adapters.names()}
+        if dist.get_rank() == 0:
+            write_peft_dir(out_dir, self.adapters, adapters, self.adapter, base_model_name_or_path)
+        dist.barrier()
+        return Path(out_dir)
+
+    @contextlib.contextmanager
+    def adapters_disabled(self) -> Iterator[None]:
+        """While active the engine is its base model: ``forward``, ``score_tokens`` and the
+        weights read by name (``hf_state_dict``, ``export_hf``) are the frozen base's. For
+        scoring and export, not ``train_step`` (the adapters would get no gradient)."""
+        if self.adapters is None:
+            raise RuntimeError("adapters_disabled needs LoRA adapters: this engine was built without lora")
+        with self.adapters.disabled():
+            yield
+
     def save_to(self, directory: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Model, optimizer, LR scheduler, step and ``extra_state`` as a DCP checkpoint in
-        ``directory``; not atomic by itself (forge.runs.checkpoint makes the run's checkpoint so)."""
+        ``directory``; not atomic by itself (forge.runs.checkpoint makes the run's checkpoint so).
+        With LoRA the model's part is its adapters alone (and the optimizer holds only theirs):
+        the frozen base is what the engine starts from, its checkpoint or its seeded flavor."""
         self._require_trainable("save_to")
         save_dcp(self._checkpoint_states(TrainState(self.step, extra_state)), directory)
         return Path(directory)
@@ -510,7 +577,9 @@ class TitanEngine:
 
     def _checkpoint_states(self, train_state: TrainState) -> dict[str, Any]:
         return {
-            "model": ModelWrapper(self.model),
+            "model": ModelWrapper(self.model)
+            if self.adapters is None
+            else AdapterWeights(self.model, self.adapters.names()),
             "optimizer": self.optimizers,
             "lr_scheduler": self.lr_schedulers,
             "train_state": train_state,

@@ -4,10 +4,12 @@ Parameter names are translated by the train spec's state-dict adapter; this modu
 checks, reads and writes.
 """
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -187,30 +189,38 @@ def write_hf_dir(
     replaces its config.json. Without it, ``tokenizer_dir``'s tokenizer files are copied and a
     generation config with the tokenizer's special ids is written.
     """
+    with written_whole(out_dir) as tmp_dir:
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in hf_state_dict.items()}
+        save_file(tensors, tmp_dir / "model.safetensors", metadata={"format": "pt"})
+        if source_dir is not None:
+            for file in Path(source_dir).iterdir():
+                if file.is_file() and not _is_weights_file(file.name):
+                    shutil.copy2(file, tmp_dir / file.name)
+            if tokenizer_dir is not None and Path(tokenizer_dir).resolve() != Path(source_dir).resolve():
+                _copy_tokenizer_files(Path(tokenizer_dir), tmp_dir)
+        elif tokenizer_dir is not None:
+            _copy_tokenizer_files(Path(tokenizer_dir), tmp_dir)
+            # So that plain `transformers` generation stops at the tokenizer's eos.
+            config = {**config, **_special_token_ids(tmp_dir)}
+            generation = {k: v for k, v in config.items() if k.endswith("_token_id") and v is not None}
+            (tmp_dir / "generation_config.json").write_text(
+                json.dumps(generation, indent=2, sort_keys=True) + "\n"
+            )
+        (tmp_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    logger.info("exported a Hugging Face model to %s", out_dir)
+    return Path(out_dir)
+
+
+@contextlib.contextmanager
+def written_whole(out_dir: str | os.PathLike) -> Iterator[Path]:
+    """A temporary sibling of ``out_dir`` to write into, renamed to ``out_dir`` (replacing it)
+    when the block ends without an error: ``out_dir`` is never half-written."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     tmp_dir.mkdir()
-
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in hf_state_dict.items()}
-    save_file(tensors, tmp_dir / "model.safetensors", metadata={"format": "pt"})
-    if source_dir is not None:
-        for file in Path(source_dir).iterdir():
-            if file.is_file() and not _is_weights_file(file.name):
-                shutil.copy2(file, tmp_dir / file.name)
-        if tokenizer_dir is not None and Path(tokenizer_dir).resolve() != Path(source_dir).resolve():
-            _copy_tokenizer_files(Path(tokenizer_dir), tmp_dir)
-    elif tokenizer_dir is not None:
-        _copy_tokenizer_files(Path(tokenizer_dir), tmp_dir)
-        # So that plain `transformers` generation stops at the tokenizer's eos.
-        config = {**config, **_special_token_ids(tmp_dir)}
-        generation = {k: v for k, v in config.items() if k.endswith("_token_id") and v is not None}
-        (tmp_dir / "generation_config.json").write_text(
-            json.dumps(generation, indent=2, sort_keys=True) + "\n"
-        )
-    (tmp_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
+    yield tmp_dir
     if out_dir.exists():
         # Swap in two renames: out_dir is briefly absent, never half-written.
         old_dir = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
@@ -219,8 +229,6 @@ def write_hf_dir(
         shutil.rmtree(old_dir)
     else:
         tmp_dir.rename(out_dir)
-    logger.info("exported a Hugging Face model to %s", out_dir)
-    return out_dir
 
 
 def _special_token_ids(tokenizer_dir: Path) -> dict[str, int | None]:

@@ -10,6 +10,7 @@ pieces are columns too). Those publish whole: `row_shards` returns None.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -42,15 +43,15 @@ def hf_names(adapter, titan_names: list[str]) -> dict[str, str] | None:
 
 
 def row_shards(
-    state_dict: dict[str, torch.Tensor], names: dict[str, str], dtype: torch.dtype | None
+    named_tensors: Iterable[tuple[str, torch.Tensor]], names: dict[str, str], dtype: torch.dtype | None
 ) -> RowShards | None:
-    """This rank's rows of each of `state_dict`'s tensors (titan names, as the model's
-    `state_dict()` gives them) under their HF names (`names`), cast to `dtype`. A tensor that
-    every rank holds whole is the first rank's alone. None unless every tensor is whole or
-    sharded by rows over one mesh dimension."""
+    """This rank's rows of each tensor (titan names, as the model's `state_dict()` gives them)
+    under their HF names (`names`), cast to `dtype`: one tensor at a time, so a caller may
+    compute each as it is read. A tensor that every rank holds whole is the first rank's alone.
+    None unless every tensor is whole or sharded by rows over one mesh dimension."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     tensors, first_rows = {}, {}
-    for titan_name, value in state_dict.items():
+    for titan_name, value in named_tensors:
         hf_name = names.get(titan_name)
         if hf_name is None:  # not exported (as `to_hf` leaves it out)
             continue

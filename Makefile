@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 CONFIG ?= configs/grpo/tiny_cpu.yaml
 
-.PHONY: install grpo grpo-tool grpo-gpu sft test test-fast lint format bench clean
+.PHONY: install grpo grpo-tool grpo-agent grpo-gpu sft test test-fast lint format bench clean
 
 install:
 	@bash scripts/install.sh
@@ -13,6 +13,11 @@ grpo: install
 # The agent demo: the tiny model learns to call a calculator (configs/grpo/tool_cpu.yaml).
 grpo-tool: install
 	$(PY) -m apps.grpo.main --config configs/grpo/tool_cpu.yaml $(ARGS)
+
+# The same calculator loop written as an agent program against the OpenAI API
+# (examples/calc_agent/agent.py), trained through forge's endpoint (configs/grpo/agent_cpu.yaml).
+grpo-agent: install
+	$(PY) -m apps.grpo.main --config configs/grpo/agent_cpu.yaml $(ARGS)
 
 # The GPU demo: a 40x larger model learns the embedded task on one GPU (configs/grpo/gpu_demo.yaml).
 grpo-gpu: install

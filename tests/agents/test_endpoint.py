@@ -295,3 +295,74 @@ def test_a_sampled_tool_call_becomes_the_replys_tool_calls():
         {"role": "assistant", "content": text},
         "stop",
     )
+
+
+def test_the_anthropic_client_converses_with_tool_results_and_is_refused_top_k(engine):
+    anthropic = pytest.importorskip("anthropic")
+
+    async def agent(endpoint, generate):
+        episode = endpoint.open(11, generate, ALLOWED)
+        client = anthropic.AsyncAnthropic(
+            base_url=episode.base_url.removesuffix("/v1"), api_key="unused", max_retries=0
+        )
+        tools = [{"name": "calc", "description": "adds", "input_schema": {"type": "object"}}]
+        messages = [{"role": "user", "content": "3+4="}]
+        first = await client.messages.create(model="policy", max_tokens=6, messages=messages, tools=tools)
+        # The agent answers with a tool result block, as Anthropic's tool loop does.
+        messages += [
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "7"}]},
+        ]
+        second = await client.messages.create(model="policy", max_tokens=6, messages=messages, tools=tools)
+        with pytest.raises(anthropic.BadRequestError, match="top_k"):
+            await client.messages.create(
+                model="policy", max_tokens=6, messages=messages, extra_body={"top_k": 5}
+            )
+        return endpoint.close(episode), first, second
+
+    capture, first, second = serve(engine, agent)
+    [sequence] = capture.sequences()
+    assert capture.splits == 0 and [t.role for t in sequence.turns] == ["assistant", "tool", "assistant"]
+    assert first.stop_reason in ("end_turn", "max_tokens") and first.content[0].type == "text"
+    # The tool result is rendered after the model's turn (eos unless sampled, then its content).
+    model_turn = sequence.turns[0].num_tokens
+    tool = sequence.response_ids[model_turn : model_turn + sequence.turns[1].num_tokens]
+    sampled = sequence.response_ids[:model_turn]
+    assert tool == closing(sampled) + TOKENIZER.encode("7", add_special_tokens=False)
+    assert second.usage.input_tokens == len(sequence.prompt.ids) + model_turn + len(tool)
+
+
+def test_anthropic_tool_use_round_trips_as_the_same_conversation():
+    from forge.agents.anthropic_api import message_response, parse_messages_request
+    from forge.agents.capture import message_key
+
+    tools = [{"name": "calc", "input_schema": {"type": "object"}}]
+    text = 'ok<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>'
+    sample = Completion("", [1], [5, 6], [-0.1, -0.2], text, "stop", 0)
+    declared = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+    reply = reply_message(sample, declared)
+    message = message_response("policy", [1], sample, reply, [])
+    assert message["stop_reason"] == "tool_use"
+    assert [b["type"] for b in message["content"]] == ["text", "tool_use"] and message["content"][1][
+        "input"
+    ] == {"x": 1}
+    # Sent back by the agent, the assistant's blocks are the reply the capture recorded.
+    body = {
+        "max_tokens": 4,
+        "system": "be brief",
+        "tools": tools,
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": message["content"]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "x", "content": [{"type": "text", "text": "2"}]}
+                ],
+            },
+        ],
+    }
+    chat = parse_messages_request(body, ALLOWED)
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "tool"]
+    assert message_key(chat.messages[2]) == message_key(reply[0])
+    assert chat.messages[3]["content"] == "2" and chat.tools == declared

@@ -54,6 +54,8 @@ SMALL = [
 # What a config needs beyond SMALL (e.g. the data file it expects a user to provide).
 EXTRA = {
     "grpo/tiny_cpu.yaml": ["dataset.toy_task.num_train=64", "dataset.toy_task.num_eval=8"],
+    # The calculator agent (examples/calc_agent) against the endpoint, with the tiny policy.
+    "grpo/agent_cpu.yaml": ["dataset.toy_task.num_train=64", "dataset.toy_task.num_eval=8"],
     # Colocated on one GPU as shipped; on a CPU machine colocation places nothing.
     "grpo/gpu_demo.yaml": ["dataset.toy_task.num_train=64", "dataset.toy_task.num_eval=8"],
     "grpo/qwen3_1_7b.yaml": [

@@ -1,19 +1,21 @@
-"""forge's OpenAI-compatible endpoint for agents: an HTTP server on this host, in the caller's
-event loop, that answers each episode's chat calls with the policy and captures them
+"""forge's OpenAI- and Anthropic-compatible endpoint for agents: an HTTP server on this host, in
+the caller's event loop, that answers each episode's calls with the policy and captures them
 (`forge.agents.capture`).
 
-Every episode has a path of its own, ``/episodes/<id>/v1``: an agent's ``openai.AsyncOpenAI``
-gets it as its base URL, so episodes running at once never mix, and nothing else identifies
-them. Under it: ``POST /chat/completions`` (`forge.agents.openai_api` says what a request may
-ask) and ``GET /models``. Each episode samples through its own ``generate`` (the rollouts'
-generate call, `forge.rollout.groups.Generate`, bound to the rollout's policy version) with
-its own allowed settings (the loss's temperature in training, greedy in the eval); its k-th
-call is seeded by (the episode's key, k), so a run in sync mode samples the same tokens every
-time. Calls of episodes running at once reach the generator in batches
-(`forge.agents.batching`). A call may sample up to the token budget of a training sequence (``max_sequence_tokens``,
-the trainer's ``seq_len``), its ``max_tokens`` cut to what is left; a conversation that has
-used it all is refused with OpenAI's ``context_length_exceeded``, as is a call past the
-episode's ``max_calls``.
+Every episode has an address of its own, ``/episodes/<id>``: an agent's ``openai.AsyncOpenAI``
+gets ``<address>/v1`` as its base URL (``anthropic.AsyncAnthropic``: the address itself), so
+episodes running at once never mix, and nothing else identifies them. Under ``/v1``:
+``POST /chat/completions`` (`forge.agents.openai_api` says what a request may ask),
+``POST /messages`` (Anthropic's, `forge.agents.anthropic_api`) and ``GET /models``.
+
+Each episode samples through its own ``generate`` (the rollouts' generate call,
+`forge.rollout.groups.Generate`, bound to the rollout's policy version) with its own allowed
+settings (the loss's temperature in training, greedy in the eval); its k-th call is seeded by
+(the episode's key, k), so a run in sync mode samples the same tokens every time. Calls of
+episodes running at once reach the generator in batches (`forge.agents.batching`). A call may
+sample up to the token budget of a training sequence (``max_sequence_tokens``, the trainer's
+``seq_len``), its ``max_tokens`` cut to what is left; a conversation that has used it all is
+refused with OpenAI's ``context_length_exceeded``, as is a call past the episode's ``max_calls``.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
+from forge.agents.anthropic_api import error_body as anthropic_error
+from forge.agents.anthropic_api import message_response, parse_messages_request
 from forge.agents.batching import CallBatcher
 from forge.agents.capture import EpisodeCapture
 from forge.agents.openai_api import (
     AgentSampling,
+    ChatRequest,
     RefusedRequest,
     chat_completion,
     models_list,
@@ -74,6 +80,7 @@ class AgentEndpoint:
         app = web.Application()
         app.router.add_post("/episodes/{episode}/v1/chat/completions", self._chat)
         app.router.add_get("/episodes/{episode}/v1/models", self._models)
+        app.router.add_post("/episodes/{episode}/v1/messages", self._messages)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         # A rollout's episodes connect at once: a listen backlog for all of them.
@@ -112,25 +119,34 @@ class AgentEndpoint:
     async def _chat(self, request: web.Request) -> web.Response:
         episode = self._episode(request)
         try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        except ConnectionResetError:  # the agent gave up on the call (its episode was cancelled)
-            return web.Response(status=499)
-        try:
-            chat = parse_chat_request(body, episode.allowed)
-            if self.max_calls is not None and episode.capture.calls >= self.max_calls:
-                raise RefusedRequest(
-                    f"this episode made its {self.max_calls} calls (agent.max_calls): end it",
-                    code="max_calls",
-                )
-            try:
-                call = episode.capture.prompt(chat.messages, chat.tools)
-            except ValueError as e:  # messages the chat template cannot render
-                raise RefusedRequest(str(e), "messages") from e
-            max_tokens = self._room(len(call.ids), chat.max_tokens)
+            chat = parse_chat_request(await _body(request), episode.allowed)
+            call, samples, replies = await self._sample(episode, chat)
         except RefusedRequest as e:
             return web.json_response(e.body(), status=400)
+        return web.json_response(
+            chat_completion(self.model, call.ids, samples, replies, self.renderer.tokenizer, chat.logprobs)
+        )
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        episode = self._episode(request)
+        try:
+            chat = parse_messages_request(await _body(request), episode.allowed)
+            call, [sample], [reply] = await self._sample(episode, chat)
+        except RefusedRequest as e:
+            return web.json_response(anthropic_error(e), status=400)
+        return web.json_response(message_response(self.model, call.ids, sample, reply, chat.stop))
+
+    async def _sample(self, episode: AgentEpisode, chat: ChatRequest):
+        """The call's prompt (captured), its samples, and the chat reply each becomes."""
+        if self.max_calls is not None and episode.capture.calls >= self.max_calls:
+            raise RefusedRequest(
+                f"this episode made its {self.max_calls} calls (agent.max_calls): end it", code="max_calls"
+            )
+        try:
+            call = episode.capture.prompt(chat.messages, chat.tools)
+        except ValueError as e:  # messages the chat template cannot render
+            raise RefusedRequest(str(e), "messages") from e
+        max_tokens = self._room(len(call.ids), chat.max_tokens)
         samples = await self._batcher.sample(
             episode.generate,
             call.ids,
@@ -142,9 +158,7 @@ class AgentEndpoint:
         )
         replies = [reply_message(sample, chat.tools) for sample in samples]
         episode.capture.sampled(call, samples, [message for message, _ in replies])
-        return web.json_response(
-            chat_completion(self.model, call.ids, samples, replies, self.renderer.tokenizer, chat.logprobs)
-        )
+        return call, samples, replies
 
     def _room(self, prompt_tokens: int, max_tokens: int) -> int:
         """`max_tokens`, cut to what the sequence budget leaves after the prompt."""
@@ -159,3 +173,13 @@ class AgentEndpoint:
                 code="context_length_exceeded",
             )
         return min(max_tokens, left)
+
+
+async def _body(request: web.Request) -> Any:
+    """The request's JSON (None if it is none); a dropped connection ends the call."""
+    try:
+        return await request.json()
+    except ValueError:
+        return None
+    except ConnectionResetError:  # the agent gave up on the call (its episode was cancelled)
+        raise web.HTTPClientError(reason="connection lost") from None

@@ -366,3 +366,27 @@ def test_anthropic_tool_use_round_trips_as_the_same_conversation():
     assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "tool"]
     assert message_key(chat.messages[2]) == message_key(reply[0])
     assert chat.messages[3]["content"] == "2" and chat.tools == declared
+
+
+def test_text_completions_continue_a_sequence_by_its_text_and_split_when_it_changes(engine):
+    async def agent(endpoint, generate):
+        episode = endpoint.open(13, generate, ALLOWED)
+        first = await client(episode).completions.create(model="policy", prompt="5+5=", logprobs=0)
+        text = "5+5=" + first.choices[0].text + " so:"
+        await client(episode).completions.create(model="policy", prompt=text)
+        await client(episode).completions.create(model="policy", prompt="other")
+        return endpoint.close(episode), generate, first
+
+    capture, generate, first = serve(engine, agent)
+    assert capture.calls == 3 and capture.splits == 1
+    continued, other = capture.sequences()
+    prompt = TOKENIZER("5+5=").input_ids
+    sample = sampled_ids(generate, prompt)
+    inserted = TOKENIZER.encode(" so:", add_special_tokens=False)
+    second = sampled_ids(generate, prompt + sample + inserted)
+    assert continued.ids == prompt + sample + inserted + second
+    assert continued.mask == [1] * len(sample) + [0] * len(inserted) + [1] * len(second)
+    assert other.ids[: len(TOKENIZER("other").input_ids)] == TOKENIZER("other").input_ids
+    assert first.choices[0].logprobs.token_logprobs == pytest.approx(
+        generate.sampled[tuple(prompt)][0].logprobs, abs=0
+    )

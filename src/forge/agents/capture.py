@@ -17,6 +17,9 @@ sampled:
 A call with ``n`` samples forks its sequence: each sample ends a sequence of its own, which a
 later call may continue. Every sequence that holds a sample is trained, with the episode's reward.
 
+A /completions call (a text prompt, `prompt_text`) goes the same way by text: one whose text
+extends an earlier call's text and sample continues that sequence with the rest tokenized.
+
 ``retokenized`` counts the sequences whose tokens differ from their conversation rendered whole:
 the tokens a capture by re-rendering would have trained on instead of the sampled ones.
 """
@@ -28,7 +31,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge.data.chat_prompts import Message
+from forge.data.chat_prompts import Message, RenderedPrompt
 from forge.data.types import Completion
 from forge.envs.turns import TurnRenderer
 from forge.rollout.trajectories import Trajectory
@@ -62,6 +65,8 @@ class _Sequence:
     # sample's reply, and the tools declared to it (as JSON).
     messages: list[Message] = field(default_factory=list)
     tools: list[dict] | None = None
+    # A /completions sequence: its text so far (prompt and samples), instead of messages.
+    text: str | None = None
 
     @property
     def history(self) -> list[tuple]:
@@ -75,6 +80,7 @@ class PendingCall:
     ids: list[int]
     sequence: _Sequence
     messages: list[Message]
+    text: str | None = None
 
 
 class EpisodeCapture:
@@ -103,15 +109,41 @@ class EpisodeCapture:
             trajectory = Trajectory(self.renderer.prompts.render(plain, tools))
         return PendingCall(trajectory.ids, _Sequence(trajectory, plain, tools), plain)
 
+    def prompt_text(self, text: str) -> PendingCall:
+        """The prompt of a /completions call: the sequence whose text `text` goes on from,
+        continued with the rest of it tokenized (mask 0), or a new sequence of `text` tokenized."""
+        self.calls += 1
+        tokenizer = self.renderer.tokenizer
+        extended = max(
+            (
+                s
+                for s in self._sequences
+                if s.text is not None and len(text) > len(s.text) and text.startswith(s.text)
+            ),
+            key=lambda s: len(s.text),
+            default=None,
+        )
+        if extended is not None:
+            trajectory = copy.deepcopy(extended.trajectory)
+            rest = tokenizer.encode(text[len(extended.text) :], add_special_tokens=False)
+            trajectory.add_environment_turn("user", rest)
+        else:
+            if self._sequences:
+                self.splits += 1
+            trajectory = Trajectory(RenderedPrompt(tokenizer(text).input_ids, text))
+        return PendingCall(trajectory.ids, _Sequence(trajectory, text=text), [], text)
+
     def sampled(self, call: PendingCall, samples: list[Completion], replies: list[dict[str, Any]]) -> None:
         """Records the samples of `call` (what the generator returned for its prompt) and the
         assistant message each became for the agent; each ends a sequence."""
         for sample, reply in zip(samples, replies, strict=True):
             trajectory = copy.deepcopy(call.sequence.trajectory)
             trajectory.add_model_turn(sample)
-            self._sequences.append(
-                _Sequence(trajectory, [*call.messages, _plain(reply)], call.sequence.tools)
-            )
+            if call.text is not None:
+                self._sequences.append(_Sequence(trajectory, text=call.text + sample.text))
+            else:
+                messages = [*call.messages, _plain(reply)]
+                self._sequences.append(_Sequence(trajectory, messages, call.sequence.tools))
 
     def _extended(self, messages: list[Message], tools: list[dict] | None) -> _Sequence | None:
         """The sequence whose conversation `messages` goes on from, the longest (then the latest)."""
@@ -119,6 +151,8 @@ class EpisodeCapture:
         best = None
         for sequence in self._sequences:
             n = len(sequence.messages)
+            if sequence.text is not None:
+                continue
             if sequence.tools == tools and len(keys) > n and keys[:n] == sequence.history:
                 if best is None or n >= len(best.messages):
                     best = sequence
@@ -140,20 +174,24 @@ class EpisodeCapture:
         count = 0
         for sequence in self._leaves():
             ids = sequence.trajectory.ids
-            whole = self.renderer.prompts.apply(
-                sequence.messages, tokenize=True, tools=sequence.tools, add_generation_prompt=False
-            )
+            if sequence.text is not None:
+                whole = self.renderer.tokenizer(sequence.text).input_ids
+            else:
+                whole = self.renderer.prompts.apply(
+                    sequence.messages, tokenize=True, tools=sequence.tools, add_generation_prompt=False
+                )
             count += whole[: len(ids)] != ids
         return count
 
 
 def _continues(later: _Sequence, earlier: _Sequence) -> bool:
-    n, ids = len(earlier.messages), earlier.trajectory.ids
-    return (
-        len(later.messages) > n
-        and later.history[:n] == earlier.history
-        and later.trajectory.ids[: len(ids)] == ids
-    )
+    ids = earlier.trajectory.ids
+    if later.trajectory.ids[: len(ids)] != ids or len(later.trajectory.ids) == len(ids):
+        return False
+    if earlier.text is not None or later.text is not None:
+        return earlier.text is not None and later.text is not None and later.text.startswith(earlier.text)
+    n = len(earlier.messages)
+    return len(later.messages) > n and later.history[:n] == earlier.history
 
 
 def _plain(message: dict[str, Any]) -> Message:

@@ -64,7 +64,11 @@ class AgentSampling:
 
 @dataclass
 class ChatRequest:
-    messages: list[dict[str, Any]]
+    """A call's conversation (``messages``), or its text for /completions (``prompt``), and
+    its settings."""
+
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
     n: int = 1
     max_tokens: int = 0
     stop: list[str] = field(default_factory=list)
@@ -74,6 +78,29 @@ class ChatRequest:
 
 def parse_chat_request(body: Any, allowed: AgentSampling) -> ChatRequest:
     """The request's settings, or `RefusedRequest` naming the field that training cannot allow."""
+    _check_fields(body, HONOURED | TOOLS)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(_is_message(m) for m in messages):
+        raise RefusedRequest("messages must be a non-empty list of {role, content} objects", "messages")
+    return ChatRequest(messages=messages, tools=_tools(body), **_sampling(body, allowed))
+
+
+def parse_completion_request(body: Any, allowed: AgentSampling) -> ChatRequest:
+    """A /completions request: its text prompt (one string) and settings."""
+    _check_fields(body, (HONOURED - {"messages", "max_completion_tokens"}) | {"prompt"})
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise RefusedRequest("prompt must be one non-empty string", "prompt")
+    settings = _sampling(body, allowed)
+    # The API's logprobs is a count of alternatives to list; any count returns the sampled
+    # tokens' logprobs (forge has no alternatives to list).
+    settings["logprobs"] = body.get("logprobs") is not None
+    return ChatRequest(prompt=prompt, **settings)
+
+
+def _check_fields(body: Any, honoured: set[str]) -> None:
     if not isinstance(body, dict):
         raise RefusedRequest("the request body must be a JSON object")
     for key, value in body.items():
@@ -85,15 +112,15 @@ def parse_chat_request(body: Any, allowed: AgentSampling) -> ChatRequest:
             )
         if key == "stream" and value:
             raise RefusedRequest("streaming is not served: leave stream out or false", key)
-        if key not in NEUTRAL.keys() | HONOURED | IGNORED | TOOLS | {"stream"}:
+        if key not in NEUTRAL.keys() | honoured | IGNORED | {"stream"}:
             raise RefusedRequest(
                 f"{key} is not served by forge's training endpoint (it could bias what training sees): "
                 "leave it out",
                 key,
             )
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(_is_message(m) for m in messages):
-        raise RefusedRequest("messages must be a non-empty list of {role, content} objects", "messages")
+
+
+def _sampling(body: dict, allowed: AgentSampling) -> dict[str, Any]:
     temperature = body.get("temperature")
     if temperature is not None and not math.isclose(temperature, allowed.temperature):
         raise RefusedRequest(
@@ -104,14 +131,12 @@ def parse_chat_request(body: Any, allowed: AgentSampling) -> ChatRequest:
     n = body.get("n") or 1
     if not isinstance(n, int) or not 1 <= n <= allowed.max_n:
         raise RefusedRequest(f"n={n}: ask for 1 to {allowed.max_n} samples", "n")
-    return ChatRequest(
-        messages=messages,
-        n=n,
-        max_tokens=_max_tokens(body, allowed),
-        stop=_stop(body.get("stop")),
-        logprobs=bool(body.get("logprobs")),
-        tools=_tools(body),
-    )
+    return {
+        "n": n,
+        "max_tokens": _max_tokens(body, allowed),
+        "stop": _stop(body.get("stop")),
+        "logprobs": bool(body.get("logprobs")),
+    }
 
 
 def _is_message(message: Any) -> bool:
@@ -223,3 +248,38 @@ def _token_logprobs(sample: Completion, tokenizer) -> list[dict[str, Any]]:
 
 def models_list(model: str) -> dict[str, Any]:
     return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "forge"}]}
+
+
+def text_completion(
+    model: str, prompt_ids: list[int], samples: list[Completion], tokenizer, logprobs: bool
+) -> dict[str, Any]:
+    """The `text_completion` object of a /completions call's samples."""
+    choices = []
+    for index, sample in enumerate(samples):
+        choice: dict[str, Any] = {
+            "index": index,
+            "text": sample.text,
+            "finish_reason": "length" if sample.stop_reason == "length" else "stop",
+            "logprobs": None,
+        }
+        if logprobs:
+            tokens = [tokenizer.decode([i], skip_special_tokens=False) for i in sample.response_ids]
+            choice["logprobs"] = {
+                "tokens": tokens,
+                "token_logprobs": list(sample.logprobs),
+                "top_logprobs": None,
+            }
+        choices.append(choice)
+    completion_tokens = sum(len(s.response_ids) for s in samples)
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt_ids) + completion_tokens,
+        },
+    }

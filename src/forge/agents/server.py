@@ -5,7 +5,8 @@ the caller's event loop, that answers each episode's calls with the policy and c
 Every episode has an address of its own, ``/episodes/<id>``: an agent's ``openai.AsyncOpenAI``
 gets ``<address>/v1`` as its base URL (``anthropic.AsyncAnthropic``: the address itself), so
 episodes running at once never mix, and nothing else identifies them. Under ``/v1``:
-``POST /chat/completions`` (`forge.agents.openai_api` says what a request may ask),
+``POST /chat/completions`` and ``POST /completions`` (`forge.agents.openai_api` says what a
+request may ask),
 ``POST /messages`` (Anthropic's, `forge.agents.anthropic_api`) and ``GET /models``.
 
 Each episode samples through its own ``generate`` (the rollouts' generate call,
@@ -38,7 +39,9 @@ from forge.agents.openai_api import (
     chat_completion,
     models_list,
     parse_chat_request,
+    parse_completion_request,
     reply_message,
+    text_completion,
 )
 from forge.engines.generation import sample_seed
 from forge.envs.turns import TurnRenderer
@@ -81,6 +84,7 @@ class AgentEndpoint:
         app.router.add_post("/episodes/{episode}/v1/chat/completions", self._chat)
         app.router.add_get("/episodes/{episode}/v1/models", self._models)
         app.router.add_post("/episodes/{episode}/v1/messages", self._messages)
+        app.router.add_post("/episodes/{episode}/v1/completions", self._completions)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         # A rollout's episodes connect at once: a listen backlog for all of them.
@@ -127,6 +131,17 @@ class AgentEndpoint:
             chat_completion(self.model, call.ids, samples, replies, self.renderer.tokenizer, chat.logprobs)
         )
 
+    async def _completions(self, request: web.Request) -> web.Response:
+        episode = self._episode(request)
+        try:
+            text = parse_completion_request(await _body(request), episode.allowed)
+            call, samples, _ = await self._sample(episode, text)
+        except RefusedRequest as e:
+            return web.json_response(e.body(), status=400)
+        return web.json_response(
+            text_completion(self.model, call.ids, samples, self.renderer.tokenizer, text.logprobs)
+        )
+
     async def _messages(self, request: web.Request) -> web.Response:
         episode = self._episode(request)
         try:
@@ -142,10 +157,13 @@ class AgentEndpoint:
             raise RefusedRequest(
                 f"this episode made its {self.max_calls} calls (agent.max_calls): end it", code="max_calls"
             )
-        try:
-            call = episode.capture.prompt(chat.messages, chat.tools)
-        except ValueError as e:  # messages the chat template cannot render
-            raise RefusedRequest(str(e), "messages") from e
+        if chat.prompt is not None:
+            call = episode.capture.prompt_text(chat.prompt)
+        else:
+            try:
+                call = episode.capture.prompt(chat.messages, chat.tools)
+            except ValueError as e:  # messages the chat template cannot render
+                raise RefusedRequest(str(e), "messages") from e
         max_tokens = self._room(len(call.ids), chat.max_tokens)
         samples = await self._batcher.sample(
             episode.generate,

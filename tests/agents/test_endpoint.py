@@ -91,16 +91,21 @@ def test_a_three_call_episode_trains_the_sampled_tokens_and_the_rendered_message
     async def agent(endpoint, generate):
         episode = endpoint.open(7, generate, ALLOWED)
         messages = [{"role": "user", "content": "12+30="}]
+        # Tools declared at every call (the embedded template does not render them; a call in
+        # the model's text would be parsed).
+        tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
         replies = []
         for follow_up in ("try again:", "last:"):
-            answer = await client(episode).chat.completions.create(model="policy", messages=messages)
+            answer = await client(episode).chat.completions.create(
+                model="policy", messages=messages, tools=tools
+            )
             replies.append(answer.choices[0].message.content)
             messages += [
                 {"role": "assistant", "content": replies[-1]},
                 {"role": "user", "content": follow_up},
             ]
         answer = await client(episode).chat.completions.create(
-            model="policy", messages=messages, logprobs=True
+            model="policy", messages=messages, logprobs=True, tools=tools, tool_choice="auto"
         )
         replies.append(answer.choices[0].message.content)
         return endpoint.close(episode), generate, answer, replies

@@ -11,6 +11,7 @@ import pytest
 from agent_programs import RESULT, reward_of
 from apps.grpo.main import main
 
+from forge import inspect
 from forge.data.tokenizer import embedded_tokenizer
 from forge.rollout.records import decode_ids, read_records
 
@@ -70,15 +71,16 @@ def test_failing_agents_fail_their_episodes_only_and_are_counted(runs):
     assert all(r["train/loss"] == r["train/loss"] for r in rows)
 
 
-def test_records_hold_the_calls_as_sampled_with_the_tool_message_read_only(runs):
+def test_records_hold_the_calls_as_sampled_with_the_tool_message_read_only(runs, capsys):
     tokenizer = embedded_tokenizer()
     records = [r for r in read_records(runs[0] / "rollouts.jsonl") if not r["eval"]]
     assert records
     result_ids = tokenizer.encode(RESULT, add_special_tokens=False)
     for record in records:
         assert [t["role"] for t in record["turns"]] == ["assistant", "tool", "assistant"]
-        # What the agent returned is the episode's own reward (the reward functions add theirs).
-        assert record["reward_breakdown"]["env"] == reward_of(record["turns"][-1]["text"])
+        # What the agent returned is the episode's reward, and nothing else scored it.
+        assert record["reward_breakdown"] == {"agent": reward_of(record["turns"][-1]["text"])}
+        assert record["reward"] == reward_of(record["turns"][-1]["text"])
         ids, mask = decode_ids(record["response_ids"]), decode_ids(record["response_mask"])
         first, tool, _ = (t["num_tokens"] for t in record["turns"])
         # The tool message as the template renders it after the model's turn: eos (unless
@@ -86,3 +88,7 @@ def test_records_hold_the_calls_as_sampled_with_the_tool_message_read_only(runs)
         inserted = ids[first : first + tool]
         assert inserted[-len(result_ids) :] == result_ids and mask[first : first + tool] == [0] * tool
         assert mask[:first] == [1] * first and mask[first + tool :] == [1] * (len(ids) - first - tool)
+    # forge.inspect shows the episode call by call, with what was trained.
+    inspect.main([str(runs[0]), "--turns", "--limit", "3"])
+    shown = capsys.readouterr().out
+    assert f"      tool | {RESULT}" in shown and "read only" in shown and "trained" in shown

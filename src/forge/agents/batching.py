@@ -1,16 +1,20 @@
-"""Concurrent agent calls batched into generate calls.
+"""Concurrent agent calls batched into generate calls, turn by turn.
 
 Agents call the endpoint one conversation at a time, but a rollout runs many episodes at once;
-a generate call per agent call would hand the generator batches of one. Calls that sample alike
-(the same generate call, i.e. the same rollout, and the same n, token limit, temperature and
-stop strings) are queued and sent together: the first starts a batch once every coroutine
-ready to run has had its turn, and the calls that arrive while a batch samples make the next.
+a generate call per agent call would hand the generator batches of one. The calls of one
+rollout (one ``generate``) are held until every episode of it still running waits on a call,
+as the environments' rollouts batch every trajectory's turn, and then sent together: one
+generate call for each group of calls that sample alike (n, token limit, temperature, stop
+strings). A batch is so the same whatever order the calls arrived in, which keeps a run in
+sync mode deterministic (the generator's numbers depend on a batch's composition). An episode
+whose agent is busy elsewhere (a slow tool, a hang until its timeout) holds nobody for longer
+than ``idle_s`` after the latest call arrived.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from forge.data.types import Completion
@@ -18,55 +22,75 @@ from forge.rollout.groups import Generate
 
 
 @dataclass
-class _Queue:
-    prompts: list[list[int]] = field(default_factory=list)
-    keys: list[int] = field(default_factory=list)
-    answers: list[asyncio.Future] = field(default_factory=list)
-    sending: bool = False
+class _Calls:
+    """The calls of one rollout waiting for their batch, by their sampling settings."""
+
+    queued: dict[Hashable, list[tuple[list[int], int, asyncio.Future]]] = field(default_factory=dict)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    sender: asyncio.Task | None = None
+
+    def waiting(self) -> int:
+        return sum(len(calls) for calls in self.queued.values())
 
 
 class CallBatcher:
-    """Sends calls through their `generate` in batches (see the module docstring)."""
+    """Sends calls through their `generate` in batches (see the module docstring); `running`
+    counts a rollout's episodes that have not ended."""
 
-    def __init__(self) -> None:
-        self._queues: dict[Hashable, _Queue] = {}
+    def __init__(self, running: Callable[[Generate], int], idle_s: float = 0.05) -> None:
+        self.running, self.idle_s = running, idle_s
+        self._rollouts: dict[Generate, _Calls] = {}
 
     async def sample(
         self, generate: Generate, prompt_ids: list[int], key: int, **sampling
     ) -> list[Completion]:
         """The samples of one prompt, seeded by `key`, as `generate(..., **sampling)` gives them."""
-        settings = (generate, tuple(sorted((k, _hashable(v)) for k, v in sampling.items())))
-        queue = self._queues.setdefault(settings, _Queue())
+        calls = self._rollouts.setdefault(generate, _Calls())
+        settings = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in sampling.items()))
         answer = asyncio.get_running_loop().create_future()
-        queue.prompts.append(prompt_ids)
-        queue.keys.append(key)
-        queue.answers.append(answer)
-        if not queue.sending:
-            queue.sending = True
-            asyncio.ensure_future(self._send(settings, queue, generate, sampling))
+        calls.queued.setdefault(settings, []).append((prompt_ids, key, answer))
+        self.changed(generate)
         return await answer
 
-    async def _send(self, settings: Hashable, queue: _Queue, generate: Generate, sampling: dict) -> None:
+    def changed(self, generate: Generate) -> None:
+        """A call arrived or an episode of `generate`'s rollout ended: its batch may be complete."""
+        calls = self._rollouts.get(generate)
+        if calls is None:
+            return
+        calls.arrived.set()
+        if calls.sender is None and calls.queued:
+            calls.sender = asyncio.ensure_future(self._send(generate, calls))
+
+    async def _send(self, generate: Generate, calls: _Calls) -> None:
         try:
-            while queue.prompts:
-                await asyncio.sleep(0)  # the calls that are ready join this batch
-                prompts, keys, answers = queue.prompts, queue.keys, queue.answers
-                queue.prompts, queue.keys, queue.answers = [], [], []
-                try:
-                    outputs = await generate(prompts, keys, **sampling)
-                except Exception as e:  # each call's agent sees it (the endpoint answers 500)
-                    for answer in answers:
-                        if not answer.done():
-                            answer.set_exception(e)
-                    continue
-                for answer, samples in zip(answers, outputs, strict=True):
-                    if not answer.done():  # its agent may have given up on it
-                        answer.set_result(samples)
+            while calls.queued:
+                while calls.waiting() < self.running(generate):
+                    calls.arrived.clear()
+                    try:
+                        await asyncio.wait_for(calls.arrived.wait(), self.idle_s)
+                    except TimeoutError:
+                        break
+                batches, calls.queued = calls.queued, {}
+                await asyncio.gather(*(_sample(generate, dict(s), batch) for s, batch in batches.items()))
         finally:
-            queue.sending = False
-            if self._queues.get(settings) is queue and not queue.prompts:
-                del self._queues[settings]
+            calls.sender = None
+            if not calls.queued:
+                self._rollouts.pop(generate, None)
 
 
-def _hashable(value):
-    return tuple(value) if isinstance(value, list) else value
+async def _sample(
+    generate: Generate, sampling: dict, batch: list[tuple[list[int], int, asyncio.Future]]
+) -> None:
+    """One generate call for `batch`, its samples (or its error, which each call's agent then
+    sees as the endpoint's 500) handed to each call."""
+    try:
+        outputs = await generate([ids for ids, _, _ in batch], [key for _, key, _ in batch], **sampling)
+    except Exception as e:
+        outputs = [e] * len(batch)
+    for (_, _, answer), samples in zip(batch, outputs, strict=True):
+        if answer.done():  # its agent gave up on it
+            continue
+        if isinstance(samples, Exception):
+            answer.set_exception(samples)
+        else:
+            answer.set_result(samples)

@@ -22,9 +22,9 @@ AgentFunction = Callable[[Any, str, dict], Awaitable[float | None]]
 
 
 class AgentConfig(ForgeConfigModel):
-    # "package.module:function": an async function (client, model, row) -> float | None. The
-    # reward it returns is added to what reward.functions score its final answer, as an
-    # environment's rewards are (set reward.functions: [] when it returns the whole reward).
+    # "package.module:function": an async function (client, model, row) -> float | None: the
+    # episode's reward, or None to have reward.functions (and reward.models) score its final
+    # answer.
     function: str
     # Seconds one episode may take; past it the episode fails (counted in agent/failures).
     timeout_s: float = Field(300.0, gt=0)

@@ -5,9 +5,9 @@ Each row's ``group_size`` episodes run at once, every episode with an ``openai.A
 its own whose base URL is its address on the endpoint. An episode's training sequences are what
 its calls sampled (`forge.agents.capture`): one completion, the sequence that holds the final
 answer (the one sampled last), carries the others it was split from
-(``Completion.split_sequences``), which join its group with its reward and advantage. The reward
-the agent returns is the completion's own reward (its last turn's), added to what the reward
-functions score, as an environment's rewards are.
+(``Completion.split_sequences``), which join its group with its reward and advantage. A number
+the agent returns is the episode's reward (``Completion.agent_reward``); None has the reward
+functions (and models) score its final answer.
 
 An episode whose agent raises, takes longer than ``timeout_s``, returns anything but a number or
 None, or never calls the model fails alone: it leaves its group (a group left empty is lost),
@@ -133,11 +133,10 @@ class AgentRollouts:
     def _completion(self, capture: EpisodeCapture, reward: float | None) -> Completion:
         tokenizer = self.endpoint.renderer.tokenizer
         *earlier, final = capture.sequences()
-        if reward is not None:
-            final.reward_last_turn(float(reward))
         record_metric("agent/calls", capture.calls, Reduce.MEAN)
         record_metric("agent/splits", capture.splits, Reduce.SUM)
         record_metric("agent/retokenized", capture.retokenized(), Reduce.SUM)
         completion = final.to_completion(tokenizer, single_turn=False)
+        completion.agent_reward = None if reward is None else float(reward)
         completion.split_sequences = [t.to_completion(tokenizer, single_turn=False) for t in earlier] or None
         return completion

@@ -12,8 +12,8 @@ request may ask),
 Each episode samples through its own ``generate`` (the rollouts' generate call,
 `forge.rollout.groups.Generate`, bound to the rollout's policy version) with its own allowed
 settings (the loss's temperature in training, greedy in the eval); its k-th call is seeded by
-(the episode's key, k), so a run in sync mode samples the same tokens every time. Calls of
-episodes running at once reach the generator in batches (`forge.agents.batching`). A call may
+(the episode's key, k), so a run in sync mode samples the same tokens every time. The calls of
+a rollout's episodes reach the generator in batches, turn by turn (`forge.agents.batching`). A call may
 sample up to the token budget of a training sequence (``max_sequence_tokens``, the trainer's
 ``seq_len``), its ``max_tokens`` cut to what is left; a conversation that has used it all is
 refused with OpenAI's ``context_length_exceeded``, as is a call past the episode's ``max_calls``.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +75,9 @@ class AgentEndpoint:
         self.renderer, self.model = renderer, model
         self.max_sequence_tokens, self.max_calls = max_sequence_tokens, max_calls
         self._episodes: dict[str, AgentEpisode] = {}
-        self._batcher = CallBatcher()
+        # Open episodes per rollout (its generate call): the batcher waits for each one's call.
+        self._open: Counter = Counter()
+        self._batcher = CallBatcher(lambda generate: self._open[generate])
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -102,11 +105,16 @@ class AgentEndpoint:
         address = f"{self.url}/episodes/{episode_id}/v1"
         episode = AgentEpisode(episode_id, key, address, EpisodeCapture(self.renderer), generate, allowed)
         self._episodes[episode_id] = episode
+        self._open[generate] += 1
         return episode
 
     def close(self, episode: AgentEpisode) -> EpisodeCapture:
         """Ends `episode`: later calls to its address are refused. Its capture."""
-        self._episodes.pop(episode.id, None)
+        if self._episodes.pop(episode.id, None) is not None:
+            self._open[episode.generate] -= 1
+            if not self._open[episode.generate]:
+                del self._open[episode.generate]
+            self._batcher.changed(episode.generate)
         return episode.capture
 
     def _episode(self, request: web.Request) -> AgentEpisode:

@@ -53,6 +53,9 @@ class Completion:
     # An agent's episode split by a rewritten history (forge.agents.capture): the sequences
     # before this one, which train with its reward and advantage.
     split_sequences: "list[Completion] | None" = None
+    # The reward an agent program returned for its episode: the episode's whole reward (no
+    # reward function or model scores it); None: scored as usual.
+    agent_reward: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("logprobs", "response_mask", "token_versions"):

@@ -30,7 +30,10 @@ def score_inputs(group: list[Completion]) -> tuple[list[str], list[str]]:
 
 
 def with_env_reward(completion: Completion, total: float, breakdown: dict[str, float]):
-    """A trajectory's reward: the other sources' total plus its environment's step rewards."""
+    """A trajectory's reward: the other sources' total plus its environment's step rewards; or
+    the reward its agent program returned, alone."""
+    if completion.agent_reward is not None:
+        return completion.agent_reward, {"agent": completion.agent_reward}
     if completion.turns is None:
         return total, breakdown
     return total + completion.env_reward, {**breakdown, "env": completion.env_reward}

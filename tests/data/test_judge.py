@@ -31,7 +31,7 @@ def test_a_custom_rule_and_template():
         ({"template": "Rate {answer}"}, r"unknown field\(s\) \['answer'\]: use only \{prompt\}"),
         ({"template": "Rate {response"}, r"literal braces"),
         ({"parse": {"regex": r"\d+/10"}}, r"has no group: put the number in parentheses"),
-        ({"parse": {"regex": r"(\d"}}, r"does not compile"),
+        ({"parse": {"regex": r"(\d"}}, r"is not a regular expression"),
         ({"sampling": {"n": 4}}, r"a judge answers once"),
         ({"kind": "classifier", "template": "{prompt}"}, r"\['template'\] are settings of a judge"),
         ({"name": "toy_task"}, r"the name 'toy_task' is taken by a reward function"),

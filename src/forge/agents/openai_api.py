@@ -221,19 +221,7 @@ def chat_completion(
         if logprobs:
             choice["logprobs"] = {"content": _token_logprobs(sample, tokenizer)}
         choices.append(choice)
-    completion_tokens = sum(len(s.response_ids) for s in samples)
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(prompt_ids) + completion_tokens,
-        },
-    }
+    return _response("chat.completion", "chatcmpl", model, prompt_ids, samples, choices)
 
 
 def _token_logprobs(sample: Completion, tokenizer) -> list[dict[str, Any]]:
@@ -270,10 +258,21 @@ def text_completion(
                 "top_logprobs": None,
             }
         choices.append(choice)
+    return _response("text_completion", "cmpl", model, prompt_ids, samples, choices)
+
+
+def _response(
+    kind: str,
+    id_prefix: str,
+    model: str,
+    prompt_ids: list[int],
+    samples: list[Completion],
+    choices: list[dict],
+) -> dict[str, Any]:
     completion_tokens = sum(len(s.response_ids) for s in samples)
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
         "choices": choices,

@@ -129,26 +129,33 @@ class AgentEndpoint:
         return web.json_response(models_list(self.model))
 
     async def _chat(self, request: web.Request) -> web.Response:
-        episode = self._episode(request)
-        try:
-            chat = parse_chat_request(await _body(request), episode.allowed)
-            call, samples, replies = await self._sample(episode, chat)
-        except RefusedRequest as e:
-            return web.json_response(e.body(), status=400)
-        return web.json_response(
-            chat_completion(self.model, call.ids, samples, replies, self.renderer.tokenizer, chat.logprobs)
+        return await self._openai_call(
+            request,
+            parse_chat_request,
+            lambda chat, call, samples, replies: chat_completion(
+                self.model, call.ids, samples, replies, self.renderer.tokenizer, chat.logprobs
+            ),
         )
 
     async def _completions(self, request: web.Request) -> web.Response:
+        return await self._openai_call(
+            request,
+            parse_completion_request,
+            lambda text, call, samples, _: text_completion(
+                self.model, call.ids, samples, self.renderer.tokenizer, text.logprobs
+            ),
+        )
+
+    async def _openai_call(self, request: web.Request, parse, respond) -> web.Response:
+        """An OpenAI API call: `parse` reads the request, `respond` makes the response object
+        of its samples; a refusal is OpenAI's error shape."""
         episode = self._episode(request)
         try:
-            text = parse_completion_request(await _body(request), episode.allowed)
-            call, samples, _ = await self._sample(episode, text)
+            chat = parse(await _body(request), episode.allowed)
+            call, samples, replies = await self._sample(episode, chat)
         except RefusedRequest as e:
             return web.json_response(e.body(), status=400)
-        return web.json_response(
-            text_completion(self.model, call.ids, samples, self.renderer.tokenizer, text.logprobs)
-        )
+        return web.json_response(respond(chat, call, samples, replies))
 
     async def _messages(self, request: web.Request) -> web.Response:
         episode = self._episode(request)

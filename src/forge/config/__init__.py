@@ -5,7 +5,7 @@ cfg = load_config(GRPOConfig, "configs/grpo/tiny_cpu.yaml", ["trainer.optimizer.
 save_config(cfg, run_dir / "config.yaml")
 """
 
-from forge.config.base import ForgeConfigModel
+from forge.config.base import ForgeConfigModel, compiled_regex
 from forge.config.cli import parse_args
 from forge.config.dump import config_to_dict, config_to_yaml, save_config
 from forge.config.errors import ConfigError
@@ -14,6 +14,7 @@ from forge.config.loader import load_config
 __all__ = [
     "ConfigError",
     "ForgeConfigModel",
+    "compiled_regex",
     "config_to_dict",
     "config_to_yaml",
     "load_config",

@@ -1,4 +1,6 @@
-"""The base class of every config section model in forge."""
+"""The base class of every config section model in forge, and what its validators share."""
+
+import re
 
 from pydantic import BaseModel, ConfigDict
 
@@ -14,3 +16,11 @@ class ForgeConfigModel(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def compiled_regex(pattern: str) -> re.Pattern:
+    """`pattern` compiled, or the ValueError a validator raises for a setting that is none."""
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"{pattern!r} is not a regular expression ({e})") from None

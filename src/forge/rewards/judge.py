@@ -17,7 +17,7 @@ import string
 
 from pydantic import Field, field_validator
 
-from forge.config import ForgeConfigModel
+from forge.config import ForgeConfigModel, compiled_regex
 
 FIELDS = ("prompt", "response", "target")
 
@@ -60,10 +60,7 @@ class JudgeParse(ForgeConfigModel):
     @field_validator("regex")
     @classmethod
     def _one_group(cls, regex: str) -> str:
-        try:
-            compiled = re.compile(regex)
-        except re.error as e:
-            raise ValueError(f"regex {regex!r} does not compile: {e}") from None
+        compiled = compiled_regex(regex)
         if compiled.groups < 1:
             raise ValueError(f"regex {regex!r} has no group: put the number in parentheses")
         return regex

@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from forge.config.base import compiled_regex
+
 
 class _Section(BaseModel):
     # Same contract as forge.config.ForgeConfigModel: a misspelled key fails at start-up, and
@@ -157,10 +159,7 @@ class LoraConfig(_Section):
     @field_validator("target_modules")
     @classmethod
     def _matches_a_layer(cls, pattern: str) -> str:
-        try:
-            compiled = re.compile(pattern)
-        except re.error as e:
-            raise ValueError(f"not a regular expression ({e})") from None
+        compiled = compiled_regex(pattern)
         if not any(compiled.fullmatch(name) for name in LORA_LAYER_NAMES):
             raise ValueError(
                 f"matches none of the linear layers {', '.join(LORA_LAYER_NAMES)} (matched whole); "

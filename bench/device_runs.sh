@@ -9,7 +9,7 @@
 #               each run's metrics.jsonl, the trainer's profile (trainer.profile_step=N) and the
 #               log with torch.compile's recompiles.
 #   scaling SIZE PRESET PLACEMENTS  bench/gpu_throughput.py on the placements (comma-separated,
-#               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, age1-drain, STEPS steps (6)
+#               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, VARIANT (age1-drain), STEPS steps (6)
 #               timed from step TIMED_FROM (3); results.json and each run's metrics to OUT_DIR
 #   vllm_tp TP  vLLM with tensor_parallel_size=TP: generation, updates, parity (bench/vllm_tp_check.py)
 #   fsdp        trainer.procs=2, generator colocated, KL on; losses against one GPU's on the
@@ -54,7 +54,7 @@ case $run in
         # TIME_LIMIT: seconds for all of them; the rows finished by then are kept.
         timeout "${TIME_LIMIT:-3600}" "$PYTHON" bench/gpu_throughput.py --out /tmp/scaling --engine vllm \
             --preset "$preset" --sizes "$size" --steps "${STEPS:-6}" --timed-from "${TIMED_FROM:-3}" \
-            --variants age1-drain --placements "$placements" "${small[@]}" "$@"
+            --variants "${VARIANT:-age1-drain}" --placements "$placements" "${small[@]}" "$@"
         status=$?
         cp /tmp/scaling/results.json "$out/" 2>/dev/null
         for run_dir in /tmp/scaling/"$size"/run_*; do

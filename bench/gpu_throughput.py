@@ -51,11 +51,14 @@ from pathlib import Path
 # One run each: the pipeline's staleness bound and how the generator takes new weights.
 AGE0 = ["replay_buffer.max_policy_age=0", "rollout.threads=1"]
 AGE1 = ["replay_buffer.max_policy_age=1", "rollout.threads=2"]
+# Three steps' batches in flight: what keeps 4 replicas of a quarter of a step each busy.
+AGE2 = ["replay_buffer.max_policy_age=2", "rollout.threads=3"]
 VARIANTS = {
     "age0-drain": AGE0 + ["generator.update_mode=drain"],
     "age0-in_flight": AGE0 + ["generator.update_mode=in_flight"],
     "age1-drain": AGE1 + ["generator.update_mode=drain"],
     "age1-in_flight": AGE1 + ["generator.update_mode=in_flight"],
+    "age2-drain": AGE2 + ["generator.update_mode=drain"],
     # Within TRL's peak memory (55.9 GiB on an H200): activation checkpointing, a smaller
     # micro-batch and KV cache.
     "age1-in_flight-lowmem": AGE1

@@ -340,3 +340,15 @@ def test_an_output_dir_that_cannot_be_written_is_refused(write_grpo_config, tmp_
     if Path("/sys/kernel").is_dir():  # an existing folder that not even root can write to
         err = refused_before_start(capsys, write_grpo_config(), "output_dir=/sys/kernel")
         assert "output_dir: cannot write to /sys/kernel (Permission denied)" in err
+
+
+def test_an_agent_function_that_cannot_be_used_is_refused_before_start(write_grpo_config, capsys):
+    config = write_grpo_config()
+    err = run_expecting_exit(capsys, ["--config", str(config), "agent.function=no_such_module:solve"])
+    assert "agent.function: cannot import module 'no_such_module'" in err
+    err = run_expecting_exit(capsys, ["--config", str(config), "agent.function=json:dumps"])
+    assert "agent.function: 'json:dumps' must name an async function (client, model, row)" in err
+    # An environment and an agent are two sources of episodes.
+    env = write_grpo_config(env="{name: 'forge.envs.tool_env:ToolEnvironment'}")
+    err = run_expecting_exit(capsys, ["--config", str(env), "agent.function=agent_programs:two_calls"])
+    assert "are two sources of episodes: set one" in err

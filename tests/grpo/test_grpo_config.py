@@ -61,6 +61,8 @@ def test_fixed_horizon_defaults_to_the_generators_max_tokens(write_grpo_config):
     assert explicit.trainer.loss.horizon == 16
     assert load(write_grpo_config, "trainer.loss.agg_type=token_mean").trainer.loss.horizon is None
     assert load(write_grpo_config, "trainer.loss={name: dapo}").trainer.loss.horizon is None
+    # An agent's sequences hold every call: the horizon is the trainer's sequence length.
+    assert load(write_grpo_config, "agent.function=agent_programs:two_calls").trainer.loss.horizon == 64
 
 
 @pytest.mark.parametrize(

@@ -185,11 +185,13 @@ def test_a_lone_generator_that_hangs_stops_the_run_by_name_and_a_damaged_checkpo
     thread = threading.Thread(target=stop_the_generator, daemon=True)
     thread.start()
     with pytest.raises(SystemExit) as stopped:
-        main(["--config", str(config), "max_steps=100", "generator.deadline.base_s=10"])
+        # The deadline is what the run waits after the SIGSTOP: 5 s, many times what a call to
+        # the tiny policy takes even on a loaded machine (the default, 600 s, is for real models).
+        main(["--config", str(config), "max_steps=100", "generator.deadline.base_s=5"])
     thread.join(timeout=5)
     assert stopped.value.code == ACTOR_FAILED_EXIT and hung  # what max_restarts restarts
     err = capsys.readouterr().err
-    assert re.search(r"error: actor Generator_\d+ hung: no answer to \w+\(\) within 10 s", err), err
+    assert re.search(r"error: actor Generator_\d+ hung: no answer to \w+\(\) within 5 s", err), err
     assert re.search(r"newest checkpoint: \S+/step_\d{8} \(continue with resume=true\)", err), err
     assert children_left(15) == []  # the stopped process was killed, the others stopped
 

@@ -7,7 +7,7 @@ import torch
 from monarch.actor import endpoint
 
 from forge import store
-from forge.controller import ForgeActor, shutdown
+from forge.controller import ForgeActor
 
 pytestmark = pytest.mark.slow
 
@@ -67,64 +67,58 @@ class Reader(ForgeActor):
         return seen
 
 
-def test_put_get_delete_across_processes():
+@pytest.fixture(scope="module")
+def actors(module_store):
+    """A writer and a reader, each in a process of its own, for the module's tests."""
+
+    async def spawn():
+        return await asyncio.gather(Writer.as_actor(), Reader.as_actor())
+
+    return module_store.run(spawn())
+
+
+def test_put_get_delete_across_processes(in_store, actors):
+    writer, reader = actors
+
     async def main():
-        await store.initialize()
-        writer = await Writer.as_actor()
-        reader = await Reader.as_actor()
-        try:
-            numel = await writer.put.route(version=1, seed=11)
-            assert numel > 10_000_000
-            await writer.put.route(version=2, seed=22)
-            assert await store.versions() == [1, 2]
-            assert await store.latest_version() == 2
+        numel = await writer.put.route(version=1, seed=11)
+        assert numel > 10_000_000
+        await writer.put.route(version=2, seed=22)
+        assert await store.versions() == [1, 2]
+        assert await store.latest_version() == 2
 
-            result = await reader.get_and_compare.route(version=2, seed=22)
-            assert result == {"identical": True, "in_place": True}
-            # Each version keeps its own tensors.
-            assert (await reader.get_and_compare.route(version=1, seed=11))["identical"]
+        result = await reader.get_and_compare.route(version=2, seed=22)
+        assert result == {"identical": True, "in_place": True}
+        # Each version keeps its own tensors.
+        assert (await reader.get_and_compare.route(version=1, seed=11))["identical"]
 
-            await store.delete(1)
-            assert await store.versions() == [2]
-            with pytest.raises(
-                store.VersionNotFoundError, match=r"weight version 1 is not in the store.*\[2\]"
-            ):
-                await store.get_state_dict(1)
-            # The remaining version is untouched by the deletion.
-            assert (await reader.get_and_compare.route(version=2, seed=22))["identical"]
+        await store.delete(1)
+        assert await store.versions() == [2]
+        with pytest.raises(store.VersionNotFoundError, match=r"weight version 1 is not in the store.*\[2\]"):
+            await store.get_state_dict(1)
+        # The remaining version is untouched by the deletion.
+        assert (await reader.get_and_compare.route(version=2, seed=22))["identical"]
 
-            # A receiving buffer of the wrong shape is refused before anything is copied.
-            buffers = {k: torch.zeros_like(v) for k, v in make_state_dict(0).items()}
-            buffers["lm_head.weight"] = torch.zeros(3, 3)
-            with pytest.raises(ValueError, match=r"'lm_head.weight': stored as \(1024, 1024\)"):
-                await store.get_state_dict(2, into=buffers)
-            del buffers["lm_head.weight"]
-            with pytest.raises(KeyError, match="missing from it"):
-                await store.get_state_dict(2, into=buffers)
-        finally:
-            await Writer.shutdown(writer)
-            await Reader.shutdown(reader)
-            await store.shutdown()
-            await shutdown()
+        # A receiving buffer of the wrong shape is refused before anything is copied.
+        buffers = {k: torch.zeros_like(v) for k, v in make_state_dict(0).items()}
+        buffers["lm_head.weight"] = torch.zeros(3, 3)
+        with pytest.raises(ValueError, match=r"'lm_head.weight': stored as \(1024, 1024\)"):
+            await store.get_state_dict(2, into=buffers)
+        del buffers["lm_head.weight"]
+        with pytest.raises(KeyError, match="missing from it"):
+            await store.get_state_dict(2, into=buffers)
 
-    asyncio.run(main())
+    in_store(main())
 
 
-def test_reader_racing_writer_never_sees_a_partial_version():
+def test_reader_racing_writer_never_sees_a_partial_version(in_store, actors):
+    writer, reader = actors
+    num_tensors, last = 40, 6
+
     async def main():
-        await store.initialize()
-        writer = await Writer.as_actor()
-        reader = await Reader.as_actor()
-        num_tensors, last = 40, 6
-        try:
-            polling = asyncio.ensure_future(reader.poll_versions.route(until=last, num_tensors=num_tensors))
-            await writer.put_filled.route(list(range(1, last + 1)), num_tensors)
-            seen = await asyncio.wait_for(polling, 120)
-            assert seen[-1] == last and seen == sorted(set(seen))
-        finally:
-            await Writer.shutdown(writer)
-            await Reader.shutdown(reader)
-            await store.shutdown()
-            await shutdown()
+        polling = asyncio.ensure_future(reader.poll_versions.route(until=last, num_tensors=num_tensors))
+        await writer.put_filled.route(list(range(1, last + 1)), num_tensors)
+        seen = await asyncio.wait_for(polling, 120)
+        assert seen[-1] == last and seen == sorted(set(seen))
 
-    asyncio.run(main())
+    in_store(main())

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from forge import store
-from forge.controller import shutdown
 from forge.observability.collector import pop_state
 from forge.weight_sync import (
     StoreTransport,
@@ -23,67 +22,57 @@ def weights(value: float) -> dict[str, torch.Tensor]:
     return {"a.weight": torch.full((64, 32), value), "b.bias": torch.full((32,), value).to(torch.bfloat16)}
 
 
-def test_publish_in_background_pull_newest_and_keep():
+def test_publish_in_background_pull_newest_and_keep(in_store):
     async def main():
-        await store.initialize()
-        try:
-            publisher, puller = WeightPublisher(keep=2), WeightPuller()
-            into = {k: torch.empty_like(v) for k, v in weights(0.0).items()}
-            live = weights(1.0)
-            await publisher.publish(1, live)
-            live["a.weight"].fill_(-5.0)  # the trainer's next step may change them at once
-            await publisher.wait()
-            assert await puller.pull_newest(0, into) == 1
-            assert torch.equal(into["a.weight"], weights(1.0)["a.weight"])
-            assert await puller.pull_newest(1, into) is None  # nothing newer
+        publisher, puller = WeightPublisher(keep=2), WeightPuller()
+        into = {k: torch.empty_like(v) for k, v in weights(0.0).items()}
+        live = weights(1.0)
+        await publisher.publish(1, live)
+        live["a.weight"].fill_(-5.0)  # the trainer's next step may change them at once
+        await publisher.wait()
+        assert await puller.pull_newest(0, into) == 1
+        assert torch.equal(into["a.weight"], weights(1.0)["a.weight"])
+        assert await puller.pull_newest(1, into) is None  # nothing newer
 
-            for version in (2, 3):
-                await publisher.publish(version, weights(float(version)))
-            await publisher.wait()
-            assert await store.versions() == [2, 3]  # keep=2 deleted version 1
+        for version in (2, 3):
+            await publisher.publish(version, weights(float(version)))
+        await publisher.wait()
+        assert await store.versions() == [2, 3]  # keep=2 deleted version 1
 
-            # A request that needs version 4 waits for it.
-            waiting = asyncio.create_task(puller.pull_newest(1, into, min_version=4))
-            await asyncio.sleep(0.2)
-            assert not waiting.done()
-            await publisher.publish(4, weights(4.0))
-            assert await waiting == 4 and torch.equal(into["b.bias"], weights(4.0)["b.bias"])
-            await puller.pull(3, into)
-            assert torch.equal(into["a.weight"], weights(3.0)["a.weight"])
+        # A request that needs version 4 waits for it.
+        waiting = asyncio.create_task(puller.pull_newest(1, into, min_version=4))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await publisher.publish(4, weights(4.0))
+        assert await waiting == 4 and torch.equal(into["b.bias"], weights(4.0)["b.bias"])
+        await puller.pull(3, into)
+        assert torch.equal(into["a.weight"], weights(3.0)["a.weight"])
 
-            metrics = {k: acc.value() for k, acc in pop_state().items()}
-            nbytes = 64 * 32 * 4 + 32 * 2
-            assert metrics["weight_sync/publish_bytes"] == metrics["weight_sync/pull_bytes"] == nbytes
-            assert metrics["weight_sync/publish_gb_per_s"] > 0 and metrics["weight_sync/pull_s"] > 0
-        finally:
-            await store.shutdown()
-            await shutdown()
+        metrics = {k: acc.value() for k, acc in pop_state().items()}
+        nbytes = 64 * 32 * 4 + 32 * 2
+        assert metrics["weight_sync/publish_bytes"] == metrics["weight_sync/pull_bytes"] == nbytes
+        assert metrics["weight_sync/publish_gb_per_s"] > 0 and metrics["weight_sync/pull_s"] > 0
 
-    asyncio.run(main())
+    in_store(main())
 
 
-def test_small_objects_are_versioned_under_their_own_prefix():
+def test_small_objects_are_versioned_under_their_own_prefix(in_store):
     # How IpcTransport publishes a version: its handle, as one object, beside the tensors' versions.
     async def main():
-        await store.initialize()
-        try:
-            await store.put_object(3, {"handle": b"\x01\x02"}, "policy_ipc")
-            await store.put_object(4, {"handle": b"\x03"}, "policy_ipc")
-            assert await store.versions("policy_ipc") == [3, 4]
-            assert await store.versions() == []  # the tensor versions are another directory
-            assert await store.get_object(4, "policy_ipc") == {"handle": b"\x03"}
-            await store.delete_object(3, "policy_ipc")
-            assert await store.versions("policy_ipc") == [4]
-            with pytest.raises(
-                store.VersionNotFoundError,
-                match=r"version 3 is not in the store \(published under 'policy_ipc': \[4\]\)",
-            ):
-                await store.get_object(3, "policy_ipc")
-        finally:
-            await store.shutdown()
-            await shutdown()
+        await store.put_object(3, {"handle": b"\x01\x02"}, "policy_ipc")
+        await store.put_object(4, {"handle": b"\x03"}, "policy_ipc")
+        assert await store.versions("policy_ipc") == [3, 4]
+        assert await store.versions() == []  # the tensor versions are another directory
+        assert await store.get_object(4, "policy_ipc") == {"handle": b"\x03"}
+        await store.delete_object(3, "policy_ipc")
+        assert await store.versions("policy_ipc") == [4]
+        with pytest.raises(
+            store.VersionNotFoundError,
+            match=r"version 3 is not in the store \(published under 'policy_ipc': \[4\]\)",
+        ):
+            await store.get_object(3, "policy_ipc")
 
-    asyncio.run(main())
+    in_store(main())
 
 
 def test_checksum_is_exact_and_sees_moved_bytes():
@@ -114,56 +103,46 @@ class OneBitFlipTransport(StoreTransport):
             into["a.weight"].view(torch.int32)[7, 3] ^= 1
 
 
-def test_verify_mode_passes_exact_copies_and_names_a_corrupted_version():
+def test_verify_mode_passes_exact_copies_and_names_a_corrupted_version(in_store):
     async def main():
-        await store.initialize()
-        try:
-            publisher = WeightPublisher(keep=1, verify=True)
-            puller = WeightPuller(OneBitFlipTransport(bad_version=3), verify=True)
-            into = {k: torch.empty_like(v) for k, v in weights(0.0).items()}
-            for version in (1, 2):
-                await publisher.publish(version, weights(float(version)))
-                await publisher.wait()
-                assert await puller.pull_newest(version - 1, into) == version
-            # The checksums are versioned beside the weights and deleted with them.
-            assert await store.versions("policy_checksum") == [2]
-            assert "weight_sync/verify_s" in pop_state()
-
-            await publisher.publish(3, weights(3.0))
+        publisher = WeightPublisher(keep=1, verify=True)
+        puller = WeightPuller(OneBitFlipTransport(bad_version=3), verify=True)
+        into = {k: torch.empty_like(v) for k, v in weights(0.0).items()}
+        for version in (1, 2):
+            await publisher.publish(version, weights(float(version)))
             await publisher.wait()
-            with pytest.raises(
-                WeightMismatchError,
-                match=r"weight version 3: the received weights' checksum is \d+, the trainer published \d+",
-            ):
-                await puller.pull_newest(2, into)
-            # Without verify mode the same flip would pass unnoticed.
-            assert await WeightPuller(OneBitFlipTransport(bad_version=3)).pull_newest(2, into) == 3
-        finally:
-            await store.shutdown()
-            await shutdown()
+            assert await puller.pull_newest(version - 1, into) == version
+        # The checksums are versioned beside the weights and deleted with them.
+        assert await store.versions("policy_checksum") == [2]
+        assert "weight_sync/verify_s" in pop_state()
 
-    asyncio.run(main())
+        await publisher.publish(3, weights(3.0))
+        await publisher.wait()
+        with pytest.raises(
+            WeightMismatchError,
+            match=r"weight version 3: the received weights' checksum is \d+, the trainer published \d+",
+        ):
+            await puller.pull_newest(2, into)
+        # Without verify mode the same flip would pass unnoticed.
+        assert await WeightPuller(OneBitFlipTransport(bad_version=3)).pull_newest(2, into) == 3
+
+    in_store(main())
 
 
-def test_a_version_that_never_comes_fails_naming_the_transport_setting():
+def test_a_version_that_never_comes_fails_naming_the_transport_setting(in_store):
     async def main():
-        await store.initialize()
-        try:
-            await WeightPublisher().publish(1, weights(1.0))
-            # The generator looks on another transport than the trainer published on.
-            puller = WeightPuller(build_transport("shm"), wait_timeout_s=0.2)
-            into = {k: torch.empty_like(v) for k, v in weights(0.0).items()}
-            with pytest.raises(
-                TimeoutError,
-                match=r"weight version 1 was not published through IpcTransport.*generator.weight_transport",
-            ):
-                await puller.pull(1, into)
-            with pytest.raises(TimeoutError, match=r"weight version 1 was not published"):
-                await puller.pull_newest(0, into, min_version=1)
-            # An actor left at `auto` builds the store transport, as the trainer does by default.
-            assert await WeightPuller(build_transport("auto")).pull_newest(0, into, min_version=1) == 1
-        finally:
-            await store.shutdown()
-            await shutdown()
+        await WeightPublisher().publish(1, weights(1.0))
+        # The generator looks on another transport than the trainer published on.
+        puller = WeightPuller(build_transport("shm"), wait_timeout_s=0.2)
+        into = {k: torch.empty_like(v) for k, v in weights(0.0).items()}
+        with pytest.raises(
+            TimeoutError,
+            match=r"weight version 1 was not published through IpcTransport.*generator.weight_transport",
+        ):
+            await puller.pull(1, into)
+        with pytest.raises(TimeoutError, match=r"weight version 1 was not published"):
+            await puller.pull_newest(0, into, min_version=1)
+        # An actor left at `auto` builds the store transport, as the trainer does by default.
+        assert await WeightPuller(build_transport("auto")).pull_newest(0, into, min_version=1) == 1
 
-    asyncio.run(main())
+    in_store(main())

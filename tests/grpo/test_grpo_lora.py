@@ -24,12 +24,13 @@ def test_generators_sample_the_merged_policy(grpo_config_factory):
             "rollout.threads=1",
             "rollout.skip_groups_without_signal=true",
             "eval.every=0",
+            "max_steps=2",
         ]
     )
     rows = [json.loads(line) for line in (config.parent / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [row for row in rows if "loss/mismatch_kl" in row]
-    assert [row["step"] for row in steps] == [1, 2, 3]
+    assert [row["step"] for row in steps] == [1, 2]
     for row in steps:
         assert row["loss/mismatch_kl"] < 1e-6 and abs(row["loss/ratio_max"] - 1) < 1e-4, row
     # B starts at zero: the policy is the reference at step 1, then the adapters move it.
-    assert steps[0]["loss/kl"] < 1e-9 < steps[1]["loss/kl"] < steps[2]["loss/kl"], steps
+    assert steps[0]["loss/kl"] < 1e-9 < steps[1]["loss/kl"], steps

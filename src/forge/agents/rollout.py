@@ -33,6 +33,7 @@ from forge.data.types import Completion
 from forge.engines.generation import sample_seed
 from forge.observability import Reduce, record_metric
 from forge.rollout.groups import Generate
+from forge.rollout.trajectories import Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -125,14 +126,17 @@ class AgentRollouts:
         if reward is not None and not (isinstance(reward, int | float) and math.isfinite(reward)):
             failures.setdefault("errors", []).append(f"returned {reward!r}, not a finite number or None")
             return None
-        if not capture.sequences():
+        sequences = capture.sequences()
+        if not sequences:
             failures.setdefault("no_calls", []).append("the agent returned without calling the model")
             return None
-        return self._completion(capture, reward)
+        return self._completion(capture, sequences, reward)
 
-    def _completion(self, capture: EpisodeCapture, reward: float | None) -> Completion:
+    def _completion(
+        self, capture: EpisodeCapture, sequences: list[Trajectory], reward: float | None
+    ) -> Completion:
         tokenizer = self.endpoint.renderer.tokenizer
-        *earlier, final = capture.sequences()
+        *earlier, final = sequences
         record_metric("agent/calls", capture.calls, Reduce.MEAN)
         record_metric("agent/splits", capture.splits, Reduce.SUM)
         record_metric("agent/retokenized", capture.retokenized(), Reduce.SUM)

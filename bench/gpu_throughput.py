@@ -75,8 +75,9 @@ VARIANTS = {
 
 # How a run spreads over the first N GPUs of the machine: (N, trainer ranks, generator replicas,
 # replicas per generator GPU, colocated). Each step's prompts are split over the replicas
-# (`placement_overrides`). `x2`: two replicas share each generator GPU, each with up to 40% of
-# its memory (one vLLM loop keeps an H100 about half busy at 0.6B).
+# (`placement_overrides`). `xK`: K replicas share each generator GPU, each with up to 80% / K
+# of its memory (one vLLM loop keeps an H100 about half busy at 0.6B). With 6 replicas a step
+# has 60 prompts, not 64 (each replica 10).
 PLACEMENTS = {
     "1gpu": (1, 1, 1, 1, True),
     "1gpu-x2": (1, 1, 2, 2, True),
@@ -87,6 +88,7 @@ PLACEMENTS = {
     "4gpu-colocated": (4, 4, 4, 1, True),
     "4gpu-disaggregated": (4, 2, 2, 1, False),
     "4gpu-disaggregated-x2": (4, 2, 4, 2, False),
+    "4gpu-disaggregated-x3": (4, 2, 6, 3, False),
 }
 
 
@@ -95,7 +97,10 @@ def placement_overrides(name: str, step_prompts: int, variant: list[str]) -> tup
     step's prompts, in as many rollout threads as the variant gives one generator."""
     gpus, procs, replicas, per_gpu, colocate = PLACEMENTS[name]
     threads = next((int(o.split("=")[1]) for o in variant if o.startswith("rollout.threads=")), 2)
-    shared = [f"generator.replicas_per_gpu={per_gpu}", "generator.vllm.gpu_memory_utilization=0.4"]
+    shared = [
+        f"generator.replicas_per_gpu={per_gpu}",
+        f"generator.vllm.gpu_memory_utilization={0.8 / per_gpu:.2f}",
+    ]
     return gpus, [
         f"provisioner.colocate={str(colocate).lower()}",
         f"trainer.procs={procs}",

@@ -320,6 +320,8 @@ class Provisioner:
             self._hosts.give_back_gpus(record.hosts, record.host_gpus, record.gpu_group)
         if record.metrics:
             await unregister_mesh(record.name)
+        # Its processes end now; Monarch may report that after the program moved on.
+        supervision.stopped_on_purpose(record.name)
         try:
             await asyncio.wait_for(mesh.stop(), self.cfg.stop_timeout_s)
         except Exception as e:  # a mesh whose process already died cannot stop cleanly

@@ -70,10 +70,6 @@ class NoHealthyReplicaError(RuntimeError):
     pass
 
 
-def _replaced_replica_failed(name: str, report: str) -> None:
-    logger.info("replica %s, already replaced, ended: %s", name, report.splitlines()[0] if report else "")
-
-
 def _hung_actor_ended(name: str, report: str) -> None:
     logger.info("%s was killed after it hung", name)
 
@@ -218,9 +214,8 @@ class Service:
 
     async def _replace(self, old: Replica) -> None:
         logger.warning("replacing replica %s of %s", old.name, self._name)
-        # Not unregistered: the death of a replica killed for hanging is often reported after
-        # this replacement starts, and it is no failure of anything still in use.
-        supervision.register(old.name, functools.partial(_replaced_replica_failed, old.name))
+        # Stopping its mesh declares it stopped on purpose (supervision.stopped_on_purpose): the
+        # death of a replica killed for hanging is often reported after this replacement starts.
         provisioner = await get_provisioner()
         await provisioner.stop_proc_mesh(old.mesh)
         try:
@@ -245,9 +240,6 @@ class Service:
             await self._health_task
         for task in list(self._probes):
             task.cancel()
-        if self.replaces_failed_replicas:
-            for replica in self.replicas:
-                supervision.unregister(replica.name)
         await asyncio.gather(*(provisioner.stop_proc_mesh(replica.mesh) for replica in self.replicas))
         self.replicas = []
 

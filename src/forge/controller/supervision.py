@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 _companion_meshes = {"logger", "setup"}
 
 _handlers: dict[str, Callable[[str], None]] = {}
+# Meshes stopped on purpose: a failure reported for one later (its processes ending, often
+# after the program moved on) is expected and only logged.
+_stopped: set[str] = set()
 # Where a mesh runs, for failure messages (set for meshes on worker hosts).
 _descriptions: dict[str, str] = {}
 # Called instead of exiting when a mesh nothing can replace fails (see `on_unrecoverable`).
@@ -107,15 +110,24 @@ def on_unrecoverable(handler: Callable[[str, str], None] | None) -> None:
         _unrecoverable = handler
 
 
-def unregister(actor_name: str) -> None:
+def stopped_on_purpose(actor_name: str) -> None:
+    """Declares the mesh `actor_name` stopped (or replaced) on purpose: from now on its failure
+    reports are logged, never handled as a failure of something still in use."""
     with _lock:
         _handlers.pop(actor_name.lower(), None)
+        _stopped.add(actor_name.lower())
 
 
 def _fault_hook(failure) -> None:
     name = _base_name(failure.mesh_name)
     with _lock:
         handler = _handlers.get(name)
+        stopped = name in _stopped
+    if stopped:
+        logger.info(
+            "mesh %s, stopped on purpose, ended: %s", failure.mesh_name, _first_line(failure.report())
+        )
+        return
     if handler is not None:
         logger.warning("replica mesh %s failed; its service will replace it", name)
         handler(failure.report())
@@ -133,6 +145,10 @@ def _fault_hook(failure) -> None:
         "actor mesh %s failed and nothing can replace it: stopping", describe_failure(failure.mesh_name)
     )
     sys.exit(1)
+
+
+def _first_line(report: str) -> str:
+    return report.splitlines()[0] if report else ""
 
 
 def install_fault_hook() -> None:

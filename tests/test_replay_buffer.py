@@ -42,6 +42,20 @@ def test_policy_batch_places_response_tokens_and_logprobs_at_the_shifted_positio
     assert response_rows(batch.ref_logprobs, batch.loss_mask) == [[-1.0, -2.0, -3.0], [-4.0]]
 
 
+def test_policy_batch_takes_per_token_advantages_when_an_episode_has_them():
+    """Per-token advantages sit at the response targets; an episode without them repeats its
+    sequence advantage there (a batch where none has them keeps one per sequence, above)."""
+    a = episode(0, prompt=(1, 5, 6), response=(7, 8, 2), advantage=9.0)
+    a.token_advantages = [0.5, -0.25, 2.0]
+    b = episode(0, prompt=(1, 9), response=(4, 3), advantage=-1.0)
+    batch = PolicyBatch.from_episodes([a, b], pad_id=0)
+    assert batch.advantages.tolist() == [[0.0, 0.0, 0.5, -0.25, 2.0], [0.0, -1.0, -1.0, 0.0, 0.0]]
+    assert [h.advantages.shape for h in batch.split(1)] == [(1, 5), (1, 5)]
+    a.token_advantages = [0.5]
+    with pytest.raises(ValueError, match=r"one value per response token.*\[1, 2\].*\[3, 2\]"):
+        PolicyBatch.from_episodes([a, b], pad_id=0)
+
+
 def test_policy_batch_without_reference_leaves_ref_logprobs_none():
     batch = PolicyBatch.from_episodes([episode(0), episode(0, ref=[0.0, 0.0, 0.0])], pad_id=0)
     assert batch.ref_logprobs is None

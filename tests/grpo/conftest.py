@@ -20,6 +20,12 @@ def tiny_policy_hd32(tmp_path_factory) -> Path:
     return export_tiny_policy(tmp_path_factory.mktemp("tiny_policy_hd32"), flavor="tiny_hd32")
 
 
+@pytest.fixture(scope="session")
+def tiny_teacher(tmp_path_factory) -> Path:
+    """Another tiny random policy (its own seed) with the same tokenizer: a teacher to distill."""
+    return export_tiny_policy(tmp_path_factory.mktemp("tiny_teacher"), seed=1)
+
+
 def export_tiny_policy(root: Path, seed: int = 0, flavor: str = "tiny") -> Path:
     """A randomly initialised tiny qwen3 with the embedded tokenizer, as transformers expects."""
     tokenizer = embedded_tokenizer()

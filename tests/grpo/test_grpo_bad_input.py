@@ -352,3 +352,53 @@ def test_an_agent_function_that_cannot_be_used_is_refused_before_start(write_grp
     env = write_grpo_config(env="{name: 'forge.envs.tool_env:ToolEnvironment'}")
     err = run_expecting_exit(capsys, ["--config", str(env), "agent.function=agent_programs:two_calls"])
     assert "are two sources of episodes: set one" in err
+
+
+def test_a_teacher_that_cannot_be_used_is_refused_before_start(
+    write_grpo_config, tiny_policy, tmp_path, capsys
+):
+    """distill: a missing teacher_path key, a directory that does not exist, and a teacher whose
+    tokenizer is not the policy's (named with both paths and what differs)."""
+    config = write_grpo_config()
+    message = refused_before_start(capsys, config, "distill={weight: 0.5}")
+    assert "missing required key 'distill.teacher_path'" in message
+    missing = tmp_path / "no_teacher"
+    message = refused_before_start(capsys, config, f"distill.teacher_path={missing}")
+    assert f"distill.teacher_path: model directory '{missing}' does not exist" in message
+    from transformers import AutoTokenizer
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_policy, teacher)
+    tokenizer = AutoTokenizer.from_pretrained(teacher)
+    tokenizer.add_tokens(["<teacher-only>"])
+    tokenizer.save_pretrained(teacher)
+    size = len(embedded_tokenizer())
+    message = refused_before_start(capsys, config, f"distill.teacher_path={teacher}")
+    assert f"the teacher's tokenizer ({teacher}) is not the policy's ({tiny_policy})" in message
+    assert f"{size} vs {size + 1} tokens" in message
+    assert f"'<teacher-only>': None vs {size}" in message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["rollout.kl_coef=0.1"],
+            "rollout.kl_coef (0.1) is REINFORCE++'s KL penalty in the reward, and rollout.advantage is grpo",
+        ),
+        (
+            ["rollout.advantage=reinforce_pp", "rollout.kl_coef=0.1", "reference.enabled='off'"],
+            "rollout.kl_coef (0.1) needs the reference model, and reference.enabled is off",
+        ),
+        (
+            [
+                "distill.teacher_path=${policy_path}",
+                "reward.functions=[]",
+                "rollout.skip_groups_without_signal=true",
+            ],
+            "rollout.skip_groups_without_signal=true drops every group of a run with no reward",
+        ),
+    ],
+)
+def test_token_advantage_settings_that_disagree_are_refused(write_grpo_config, capsys, overrides, expected):
+    assert expected in refused_before_start(capsys, write_grpo_config(), *overrides)

@@ -161,3 +161,27 @@ def test_a_profile_step_that_no_later_step_would_close_is_refused(write_grpo_con
     with pytest.raises(SystemExit):
         load(write_grpo_config, "trainer.profile_step=3")
     assert "trainer.profile_step (3) must be below max_steps (3)" in capsys.readouterr().err
+
+
+def test_token_advantage_settings_resolve_what_they_need(write_grpo_config, tiny_policy):
+    """REINFORCE++'s KL penalty turns the reference model on; a teacher turns the skipping of
+    groups without reward signal off (it has a signal in every group) unless set; the teacher's
+    engine is the trainer's with the teacher's checkpoint and no adapters."""
+    plain = load(write_grpo_config, "trainer.loss.beta=0")
+    assert not plain.use_reference and plain.token_advantages is None and plain.teacher_engine is None
+    reinforce = load(
+        write_grpo_config, "trainer.loss.beta=0", "rollout.advantage=reinforce_pp", "rollout.kl_coef=0.1"
+    )
+    assert reinforce.use_reference
+    assert (reinforce.token_advantages.reinforce_pp, reinforce.token_advantages.kl_coef) == (True, 0.1)
+    unset = "~rollout.skip_groups_without_signal"  # the test config sets it
+    assert load(write_grpo_config, unset).rollout.skip_groups_without_signal is True
+    distill = load(write_grpo_config, unset, f"distill.teacher_path={tiny_policy}", "distill.weight=0.5")
+    assert distill.rollout.skip_groups_without_signal is False
+    assert distill.token_advantages.distill_weight == 0.5 and not distill.token_advantages.reinforce_pp
+    assert distill.teacher_engine.model.hf_path == str(tiny_policy) and distill.teacher_engine.lora is None
+    assert distill.teacher_engine.training == distill.trainer.engine.training
+    kept = load(
+        write_grpo_config, f"distill.teacher_path={tiny_policy}", "rollout.skip_groups_without_signal=true"
+    )
+    assert kept.rollout.skip_groups_without_signal is True

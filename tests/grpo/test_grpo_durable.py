@@ -265,13 +265,17 @@ COMPARED = (
 
 
 def test_a_killed_trainer_names_itself_and_the_restarted_run_equals_the_serial_recipe(
-    write_grpo_config, tmp_path, rewards_module
+    write_grpo_config, tmp_path, rewards_module, tiny_teacher
 ):
     """With max_restarts 1, the invocation whose trainer is SIGKILLed after the step-2 checkpoint
     restarts the pipeline from it and finishes. The steps before the kill, and those after the
     restart, are the serial recipe's numbers: the pipeline is the recipe, and a restart loses or
-    repeats nothing."""
-    config = write_grpo_config(reward=f"{{functions: [{{name: '{rewards_module}:by_characters'}}]}}")
+    repeats nothing. A teacher (distill) adds its per-token term to the rewards' advantages, in
+    the app and in the recipe alike, and the restarted pipeline has its teacher again."""
+    config = write_grpo_config(
+        reward=f"{{functions: [{{name: '{rewards_module}:by_characters'}}]}}",
+        distill=f"{{teacher_path: {tiny_teacher}, weight: 0.5}}",
+    )
     serial = grpo_serial(load_config(GRPOConfig, config, SYNC))
     expected = [{"step": 0, "eval/accuracy": serial["eval_accuracy"][0][1]}, *serial["metrics"]]
 
@@ -304,6 +308,7 @@ def test_a_killed_trainer_names_itself_and_the_restarted_run_equals_the_serial_r
     resumed = read_rows(killed / "m.jsonl")
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]  # step 0 (the initial eval), no repeats, no gaps
     assert [r["run/restarts"] for r in resumed[1:]] == [0, 0, 1, 1]
+    assert any("distill/reverse_kl" in r for r in resumed[3:])  # the restarted teacher scored
     # The record files continue across the resume: one batch record per step, each of its
     # episodes recorded exactly once, records in step order (the killed run's after step 2 dropped).
     records = list(read_records(killed / "rollouts.jsonl"))

@@ -23,6 +23,9 @@ def test_grpo_config_request_counts_the_trainer_state(write_grpo_config):
     # float32 weights, gradients, two moments and the reference's weights (beta > 0), over 2 shards.
     count = sum(t.numel() for t in load_file(str(Path(cfg.policy_path) / "model.safetensors")).values())
     assert trainer_state_gib(cfg, settings) == pytest.approx(count * 4 * 5 / 2 / 2**30)
+    # A teacher (distill) shares the trainer's GPUs: its weights count too.
+    teacher = load_config(GRPOConfig, config, ["trainer.procs=2", f"distill.teacher_path={cfg.policy_path}"])
+    assert trainer_state_gib(teacher, settings) == pytest.approx(count * 4 * 6 / 2 / 2**30)
 
 
 def test_a_run_that_does_not_fit_the_gpus_is_refused_naming_keys(write_grpo_config):

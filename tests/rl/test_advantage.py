@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from forge.rl.advantage import gae, group_advantages, has_signal
+from forge.rl.advantage import (
+    distill_advantages,
+    gae,
+    group_advantages,
+    has_signal,
+    reinforce_pp_advantages,
+)
 
 
 def ref_advantages(group: list[float], mode: str, eps: float) -> list[float]:
@@ -133,3 +139,89 @@ def test_gae_refuses_shapes_and_factors_out_of_range():
         gae(x, torch.zeros(2, 4), x)
     with pytest.raises(ValueError, match="gamma and lam must be in \\[0, 1\\]"):
         gae(x, x, x, gamma=1.5)
+
+
+def random_token_batch(seed: int = 0):
+    """Rewards [6], logprobs and reference logprobs [6, 9] in float64, and a mask with gaps (an
+    environment's turn between model turns), rows of different lengths, and a row with none."""
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(6, generator=g, dtype=torch.float64)
+    logprobs = -torch.rand(6, 9, generator=g, dtype=torch.float64) * 3
+    ref_logprobs = -torch.rand(6, 9, generator=g, dtype=torch.float64) * 3
+    mask = (torch.rand(6, 9, generator=g) > 0.3).long()
+    mask[0] = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1, 0])  # two model turns around an env turn
+    mask[1, 4:] = 0
+    mask[2] = 0
+    mask[3] = 1
+    return rewards, logprobs, ref_logprobs, mask
+
+
+def ref_reinforce_pp(rewards, logprobs, ref_logprobs, mask, kl_coef, eps):
+    """By the definition, with loops: each sampled token's reward is -kl_coef * (logp - ref), the
+    last sampled token's adds the sequence's reward; a token's return sums the rewards of its
+    sequence's sampled tokens from it on; the returns of all sampled tokens are normalised by
+    their mean and population std."""
+    returns = {}
+    for i, row in enumerate(mask):
+        steps = [t for t, m in enumerate(row) if m]
+        token_rewards = [-kl_coef * (logprobs[i][t] - ref_logprobs[i][t]) for t in steps]
+        if steps:
+            token_rewards[-1] += rewards[i]
+        for k, t in enumerate(steps):
+            returns[i, t] = sum(token_rewards[k:])
+    mean = sum(returns.values()) / len(returns)
+    std = math.sqrt(sum((r - mean) ** 2 for r in returns.values()) / len(returns))
+    out = [[0.0] * len(mask[0]) for _ in mask]
+    for (i, t), r in returns.items():
+        out[i][t] = (r - mean) / (std + eps)
+    return out
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1, 1.0])
+def test_reinforce_pp_matches_the_definition_with_gaps_and_different_lengths(kl_coef):
+    rewards, logprobs, ref_logprobs, mask = random_token_batch()
+    got = reinforce_pp_advantages(rewards, mask, logprobs, ref_logprobs, kl_coef=kl_coef)
+    want = ref_reinforce_pp(
+        rewards.tolist(), logprobs.tolist(), ref_logprobs.tolist(), mask.tolist(), kl_coef, 1e-6
+    )
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=0, atol=1e-12)
+    # Normalised over the batch's sampled tokens: mean 0, population std 1 (up to eps).
+    sampled = mask.bool()
+    assert abs(got[sampled].mean().item()) < 1e-12
+    assert got[sampled].std(correction=0).item() == pytest.approx(1.0, abs=1e-5)
+    assert (got[~sampled] == 0).all()
+
+
+def test_reinforce_pp_without_a_reference_is_the_normalised_reward_on_every_token():
+    rewards, _, _, mask = random_token_batch(1)
+    got = reinforce_pp_advantages(rewards, mask)
+    torch.testing.assert_close(
+        got, reinforce_pp_advantages(rewards, mask, torch.zeros(6, 9), torch.ones(6, 9), kl_coef=0.0)
+    )
+    for i in range(6):  # no penalty: every sampled token of a sequence has the same advantage
+        assert len(set(got[i][mask[i].bool()].tolist())) <= 1
+    assert reinforce_pp_advantages(torch.ones(2), torch.zeros(2, 3)).eq(0).all()
+
+
+def test_reinforce_pp_refuses_mismatched_inputs():
+    mask = torch.ones(2, 3)
+    with pytest.raises(ValueError, match=r"rewards must be \[batch\] = \[2\], got \(3,\)"):
+        reinforce_pp_advantages(torch.ones(3), mask)
+    with pytest.raises(ValueError, match=r"mask \(2, 3\) and logprobs \(2, 4\)"):
+        reinforce_pp_advantages(torch.ones(2), mask, torch.zeros(2, 4), torch.zeros(2, 4), 0.1)
+    with pytest.raises(ValueError, match="needs both logprobs and ref_logprobs"):
+        reinforce_pp_advantages(torch.ones(2), mask, torch.zeros(2, 3), None, 0.1)
+
+
+def test_distill_advantages_are_the_teacher_minus_student_logprob_of_each_sampled_token():
+    _, student, teacher, mask = random_token_batch(2)
+    got = distill_advantages(student, teacher, mask)
+    want = [
+        [teacher[i][t].item() - student[i][t].item() if mask[i][t] else 0.0 for t in range(9)]
+        for i in range(6)
+    ]
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"mask \(6, 9\) and student \(6, 9\), teacher \(6, 8\)"):
+        distill_advantages(student, teacher[:, :8], mask)

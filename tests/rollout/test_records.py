@@ -131,3 +131,25 @@ def test_replay_regroups_a_batch_recorded_on_other_data_parallel_ranks():
     assert [e.episode_id for share in three for e in share] == [e.episode_id for e in one]
     with pytest.raises(ValueError, match="6 episodes cannot be split over 4 data-parallel ranks"):
         regroup(two_ranks, 4)
+
+
+def test_per_token_advantages_are_recorded_and_replayed_exactly(tmp_path):
+    """An episode trained with per-token advantages records them (float32, exact) and replay
+    rebuilds the batch the run trained on; an episode without them records no such field."""
+    from forge.rl.batch import PolicyBatch
+
+    path = tmp_path / "rollouts.jsonl"
+    episodes = group(0, size=2)
+    episodes[0].token_advantages = [0.75, -0.5, 0.125]
+    recorder = RolloutRecorder(path)
+    recorder.record_groups([episodes])
+    recorder.close()
+    with_tokens, without = read_records(path)
+    assert tuple(with_tokens) == (*RECORD_FIELDS, "token_advantages") and tuple(without) == RECORD_FIELDS
+    batches_path(path).write_text(
+        json.dumps({"policy_version": 0, "episode_ids": [[e.episode_id for e in episodes]]}) + "\n"
+    )
+    ((rebuilt,),) = load_replay_batches(path)
+    assert [e.token_advantages for e in rebuilt] == [[0.75, -0.5, 0.125], None]
+    replayed, recorded = (PolicyBatch.from_episodes(es, pad_id=0) for es in (rebuilt, episodes))
+    assert replayed.advantages.tolist() == recorded.advantages.tolist()

@@ -1,4 +1,5 @@
-"""ReferenceModel: forward-only logprobs of the frozen initial policy (for the KL term).
+"""ReferenceModel: forward-only logprobs of a frozen model: the initial policy (for the KL
+term), or a teacher's checkpoint (on-policy distillation), each its own actor.
 
 It runs with the trainer's parallelism: launched on as many processes and hosts as the trainer
 (``trainer.procs``, ``trainer.hosts``), in the trainer's GPU group, each process building its
@@ -24,9 +25,11 @@ from forge.observability import Reduce, record_metric
 
 
 class ReferenceModel(ForgeActor):
-    def __init__(self, engine: TitanEngineConfig, temperature: float = 1.0):
+    def __init__(self, engine: TitanEngineConfig, temperature: float = 1.0, role: str = "reference"):
+        """`role` names its metrics (`reference/...`, `teacher/...`)."""
         self.engine_config = engine
         self.temperature = temperature
+        self.role = role
 
     @endpoint
     async def setup(self) -> None:
@@ -44,8 +47,8 @@ class ReferenceModel(ForgeActor):
         seconds = time.perf_counter() - started
         if current_rank().rank == 0:
             tokens = sum(len(c.prompt_ids) + len(c.response_ids) - 1 for c in completions)
-            record_metric("reference/forward_s", seconds, Reduce.SUM)
-            record_metric("reference/tokens_per_s", tokens / seconds, Reduce.MEAN)
+            record_metric(f"{self.role}/forward_s", seconds, Reduce.SUM)
+            record_metric(f"{self.role}/tokens_per_s", tokens / seconds, Reduce.MEAN)
         return share
 
 

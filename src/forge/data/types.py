@@ -103,6 +103,11 @@ class Episode:
     ``advantage`` and ``ref_logprobs`` start empty and are filled in by the reward, advantage
     and reference stages; ``reward_notes`` holds what a judge model answered, by its name. Episodes sampled from the same prompt share a ``group_id``; ``episode_id`` names
     one episode in rollout records and in the replay buffer's record of training batches.
+
+    ``token_advantages``, when set, is the advantage of each response token (one entry per
+    token; those the environment wrote are never trained, so their entries are 0): a per-token
+    advantage (REINFORCE++, a teacher's signal, ``forge.rollout.token_advantages``) trains
+    with it instead of ``advantage``, which then only describes the episode in records.
     """
 
     completion: Completion
@@ -114,6 +119,7 @@ class Episode:
     advantage: float = 0.0
     ref_logprobs: list[float] | None = None
     episode_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    token_advantages: list[float] | None = None
 
     @property
     def policy_version(self) -> int:

@@ -12,7 +12,7 @@ from forge.agents.config import AgentConfig
 from forge.config import ForgeConfigModel
 from forge.controller import ProvisionerConfig
 from forge.data.prompts import PromptDataConfig
-from forge.engines.titan.config import TitanEngineConfig
+from forge.engines.titan.config import ModelConfig, TitanEngineConfig
 from forge.envs.config import EnvConfig
 from forge.observability import MetricsConfig
 from forge.replay_buffer import ReplayBufferConfig
@@ -50,8 +50,16 @@ class RolloutConfig(ForgeConfigModel):
     threads: int = Field(2, ge=1, description="concurrent copies of the rollout loop")
     prompts_per_step: int = Field(4, ge=1, description="prompts generated together in one batch")
     group_size: int = Field(8, ge=2, description="completions per prompt (the GRPO group)")
+    # Groups whose rewards are all equal are not trained on (DAPO's dynamic sampling). With a
+    # teacher (distill) every group has the teacher's signal: unset, it is then false.
     skip_groups_without_signal: bool = True
-    advantage: Literal["grpo", "dr_grpo", "rloo", "none"] = "grpo"
+    # grpo, dr_grpo, rloo, none: one advantage per episode from its group's rewards
+    # (forge.rl.advantage.group_advantages); reinforce_pp: REINFORCE++'s per-token returns,
+    # normalised over the episodes of each rollout (forge.rl.advantage.reinforce_pp_advantages).
+    advantage: Literal["grpo", "dr_grpo", "rloo", "none", "reinforce_pp"] = "grpo"
+    # REINFORCE++'s per-token KL penalty in the reward, kl_coef * (generator logprob - reference
+    # logprob) on each sampled token; > 0 turns the reference model on (reference.enabled: auto).
+    kl_coef: float = Field(0.0, ge=0)
     # Train on the batches of a recorded run (its rollouts.jsonl) with no generator, reward or
     # reference actor (train-only debugging); see forge.recipes.grpo_replay.
     replay_from: str | None = None
@@ -60,6 +68,19 @@ class RolloutConfig(ForgeConfigModel):
 class ReferenceSection(ForgeConfigModel):
     # auto: run the reference model only when the loss has a KL term (loss.beta > 0).
     enabled: Literal["auto", "on", "off"] = "auto"
+
+
+class DistillConfig(ForgeConfigModel):
+    """On-policy distillation: a frozen teacher scores every token the policy samples, and each
+    sampled token's advantage adds ``weight * (teacher logprob - policy logprob)``, the per-token
+    reverse KL to the teacher (forge.rl.advantage.distill_advantages), to the rewards'."""
+
+    # A Hugging Face checkpoint directory forge can load, usually larger than the policy, whose
+    # tokenizer is the policy's (checked before the run).
+    teacher_path: str
+    # The distillation term's weight against the rewards' advantages (no reward function: the
+    # teacher's signal alone).
+    weight: float = Field(1.0, gt=0)
 
 
 class EvalConfig(ForgeConfigModel):
@@ -101,6 +122,8 @@ class GRPOConfig(ForgeConfigModel):
     generator: GeneratorConfig = GeneratorConfig()
     trainer: TrainerSection
     reference: ReferenceSection = ReferenceSection()
+    # A teacher to distill on-policy (None: none).
+    distill: DistillConfig | None = None
     reward: RewardConfig = RewardConfig()
     rollout: RolloutConfig = RolloutConfig()
     replay_buffer: ReplayBufferConfig = ReplayBufferConfig()
@@ -166,6 +189,7 @@ class GRPOConfig(ForgeConfigModel):
                 f"({len(self.provisioner.hosts)}): start a `python -m forge.worker` per host and list them there"
             )
         self._check_host_spans()
+        self._check_token_advantages()
         if self.replay_buffer.batch_size % self.dp_size:
             raise ValueError(
                 f"replay_buffer.batch_size ({self.replay_buffer.batch_size}) must be a multiple of the "
@@ -178,6 +202,31 @@ class GRPOConfig(ForgeConfigModel):
                 f"({self.trainer.engine.training.seq_len}): the trainer could not read whole trajectories"
             )
         self._check_sleep_mode()
+
+    def _check_token_advantages(self) -> None:
+        rollout = self.rollout
+        if rollout.kl_coef and rollout.advantage != "reinforce_pp":
+            raise ValueError(
+                f"rollout.kl_coef ({rollout.kl_coef}) is REINFORCE++'s KL penalty in the reward, and "
+                f"rollout.advantage is {rollout.advantage}: set rollout.advantage=reinforce_pp, or put a "
+                "KL term in the loss (trainer.loss.beta) instead"
+            )
+        if rollout.kl_coef and self.reference.enabled == "off":
+            raise ValueError(
+                f"rollout.kl_coef ({rollout.kl_coef}) needs the reference model, and reference.enabled is "
+                "off: set reference.enabled to auto or on, or rollout.kl_coef=0"
+            )
+        rewards = self.reward.functions or self.reward.remote or self.reward.models
+        if (
+            self.distill is not None
+            and not rewards
+            and rollout.skip_groups_without_signal
+            and "skip_groups_without_signal" in rollout.model_fields_set
+        ):
+            raise ValueError(
+                "rollout.skip_groups_without_signal=true drops every group of a run with no reward (reward."
+                "functions is empty): the teacher's signal (distill) is all it has; set it false"
+            )
 
     def _check_sleep_mode(self) -> None:
         """vLLM sleeping through train steps only fits a serial pipeline on one shared GPU."""
@@ -233,6 +282,9 @@ class GRPOConfig(ForgeConfigModel):
             # The run's seed reaches the sampling (each sample seeded by its prompt and index);
             # an explicit null keeps per-sample seeds off (samples then depend on the batching).
             self.generator.sampling.seed = self.seed
+        if self.distill is not None and "skip_groups_without_signal" not in self.rollout.model_fields_set:
+            # The teacher's signal is in every group, whatever its rewards.
+            self.rollout.skip_groups_without_signal = False
         loss, derived = self.trainer.loss, {}
         # The loss recomputes the generator's logprobs, at the generator's temperature.
         if "temperature" in type(loss).model_fields and "temperature" not in loss.model_fields_set:
@@ -269,5 +321,30 @@ class GRPOConfig(ForgeConfigModel):
     @property
     def use_reference(self) -> bool:
         if self.reference.enabled == "auto":
-            return getattr(self.trainer.loss, "beta", 0.0) > 0
+            return getattr(self.trainer.loss, "beta", 0.0) > 0 or self.rollout.kl_coef > 0
         return self.reference.enabled == "on"
+
+    @property
+    def teacher_engine(self) -> TitanEngineConfig | None:
+        """The teacher's engine (None without distill): the trainer's, with the teacher's
+        checkpoint deciding the model, scoring the ids the policy samples, and no adapters."""
+        if self.distill is None:
+            return None
+        model = ModelConfig(
+            hf_path=self.distill.teacher_path, sampled_rows=self.trainer.engine.model.sampled_rows
+        )
+        return self.trainer.engine.model_copy(update={"model": model, "lora": None})
+
+    @property
+    def token_advantages(self):
+        """How episodes get per-token advantages (forge.rollout.token_advantages); None: they train
+        on their group advantage alone."""
+        from forge.rollout.token_advantages import TokenAdvantages
+
+        if self.rollout.advantage != "reinforce_pp" and self.distill is None:
+            return None
+        return TokenAdvantages(
+            reinforce_pp=self.rollout.advantage == "reinforce_pp",
+            kl_coef=self.rollout.kl_coef,
+            distill_weight=self.distill.weight if self.distill is not None else 0.0,
+        )

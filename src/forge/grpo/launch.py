@@ -96,6 +96,25 @@ async def launch_reference(cfg: GRPOConfig, gpus: bool) -> Any | None:
     return await references.as_actor(cfg.trainer.engine, cfg.generator.sampling.temperature)
 
 
+async def launch_teacher(cfg: GRPOConfig, gpus: bool) -> Any | None:
+    """The teacher (distill) is a reference model of another checkpoint, placed as the reference
+    is: with the trainer's processes, hosts, GPUs and parallelism. It scores at the sampling
+    temperature, the distribution the policy's logprobs describe."""
+    if cfg.distill is None:
+        return None
+    teachers = ReferenceModel.options(
+        procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group=TRAINER_GROUP
+    )
+    return await teachers.as_actor(cfg.teacher_engine, cfg.generator.sampling.temperature, "teacher")
+
+
+async def launch_advantages(cfg: GRPOConfig) -> Any | None:
+    """Group advantages; None where each episode's advantages are its tokens' alone (REINFORCE++)."""
+    if cfg.rollout.advantage == "reinforce_pp":
+        return None
+    return await ComputeAdvantages.as_actor(cfg.rollout.advantage)
+
+
 async def launch_replay_buffer(cfg: GRPOConfig, pad: int, recorder: RolloutRecorder | None) -> Any:
     # The buffer records each batch it hands out beside the rollout records.
     batches = str(batches_path(recorder.path)) if recorder else None
@@ -133,6 +152,7 @@ async def launch_actors(
         reward,
         advantages,
         reference,
+        teacher,
         reward_models,
         _,
     ) = await asyncio.gather(
@@ -142,8 +162,9 @@ async def launch_actors(
         launch_trainer(cfg, gpus, transport),
         launch_replay_buffer(cfg, pad, recorder),
         RewardActor.as_actor(cfg.reward),
-        ComputeAdvantages.as_actor(cfg.rollout.advantage),
+        launch_advantages(cfg),
         launch_reference(cfg, gpus),
+        launch_teacher(cfg, gpus),
         launch_reward_models(cfg.reward, gpus),
         asyncio.to_thread(eval_scorer.start),
     )
@@ -158,4 +179,6 @@ async def launch_actors(
         deadline=cfg.generator.deadline,
         agent=await start_agent(cfg, renderer),
     )
-    return GRPOActors(dataset, rollouts, trainer, replay_buffer, reward, advantages, reference, reward_models)
+    return GRPOActors(
+        dataset, rollouts, trainer, replay_buffer, reward, advantages, reference, reward_models, teacher
+    )

@@ -56,6 +56,7 @@ def episode_from_record(record: dict) -> Episode:
         advantage=record["advantage"],
         ref_logprobs=decode_floats(record["ref_logprobs"]),
         episode_id=record["episode_id"],
+        token_advantages=decode_floats(record.get("token_advantages")),
     )
 
 

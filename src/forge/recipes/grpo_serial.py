@@ -5,7 +5,9 @@ Each step, top to bottom:
   1. rollouts: draw prompts, roll out a group of trajectories per prompt with the current
      policy (one completion each without an environment; with one, model and environment
      take turns, forge.rollout.groups), score them, give each a group-relative advantage, and
-     put the groups that carry a learning signal in the replay buffer, until it holds a batch;
+     put the groups that carry a learning signal in the replay buffer, until it holds a batch
+     (with REINFORCE++ or a teacher, each token gets its own advantage once the reference
+     and the teacher have scored the rollout's episodes, forge.rollout.token_advantages);
   2. one optimizer step of the policy on a batch drawn from the buffer;
   3. the sampling engine takes the new weights.
 
@@ -86,6 +88,9 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
     env_failures = EnvFailures()  # the run's: a kind of failure is logged in full once
     drop_truncated = cfg.env is not None and cfg.env.on_truncation == "drop"
     reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
+    # The teacher (distill) is a frozen model that scores the sampled tokens, as the reference does.
+    teacher = TitanEngine(cfg.teacher_engine, trainable=False) if cfg.distill is not None else None
+    token_advantages = cfg.token_advantages
     loss_fn = loss_from_config(cfg.trainer.loss)
     # In this process, with no time or memory limit: one process, one thing at a time (the app's reward
     # actor runs the functions in a worker process it can restart when one hangs).
@@ -149,7 +154,11 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
             # A group whose rewards are all equal teaches nothing: skipped (DAPO's dynamic sampling).
             if cfg.rollout.skip_groups_without_signal and not has_signal(rewards):
                 continue
-            advantages = group_advantages(rewards, mode=cfg.rollout.advantage).tolist()
+            advantages = (
+                [0.0] * len(scores)  # REINFORCE++: each token's, below
+                if cfg.rollout.advantage == "reinforce_pp"
+                else group_advantages(rewards, mode=cfg.rollout.advantage).tolist()
+            )
             scored = [
                 Episode(
                     c,
@@ -163,12 +172,18 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
                 for c, (total, parts, notes), a in zip(group, scores, advantages, strict=True)
             ]
             episodes += [e for g in (without_truncated([scored]) if drop_truncated else [scored]) for e in g]
+        temperature = cfg.generator.sampling.temperature
         if episodes and reference is not None:
-            rows = completion_logprobs(
-                reference, [e.completion for e in episodes], cfg.generator.sampling.temperature
-            )
+            rows = completion_logprobs(reference, [e.completion for e in episodes], temperature)
             for episode, row in zip(episodes, rows, strict=True):
                 episode.ref_logprobs = row
+        if episodes and token_advantages is not None:
+            teacher_rows = (
+                completion_logprobs(teacher, [e.completion for e in episodes], temperature)
+                if teacher is not None
+                else None
+            )
+            token_advantages.apply(episodes, teacher_rows)
         for episode in episodes:
             buffer.add(episode)
 

@@ -1,5 +1,11 @@
-"""Advantages: group-relative (each prompt's completions are scored against each other), and
-generalized advantage estimation over the response tokens from a critic's values (``gae``)."""
+"""Advantages: group-relative (each prompt's completions are scored against each other),
+REINFORCE++'s per-token returns normalised over a batch (``reinforce_pp_advantages``), the
+per-token signal of on-policy distillation from a teacher (``distill_advantages``), and
+generalized advantage estimation over the response tokens from a critic's values (``gae``).
+
+The per-token functions take ``[batch, tokens]`` tensors whose ``mask`` marks the tokens the
+policy sampled (1) among padding and tokens it did not write (0: an environment's turn of a
+multi-turn trajectory); they return 0 at the masked-out tokens."""
 
 from typing import Literal
 
@@ -58,6 +64,83 @@ def has_signal(rewards: Tensor) -> bool | Tensor:
     _check_rewards("has_signal", rewards)
     differs = rewards.amax(-1) > rewards.amin(-1)
     return bool(differs) if rewards.dim() == 1 else differs
+
+
+def _check_token_shapes(where: str, mask: Tensor, **tensors: Tensor | None) -> None:
+    shapes = {name: t.shape for name, t in tensors.items() if t is not None}
+    if mask.dim() != 2 or any(shape != mask.shape for shape in shapes.values()):
+        listed = ", ".join(f"{name} {tuple(shape)}" for name, shape in shapes.items())
+        raise ValueError(f"{where}: mask {tuple(mask.shape)} and {listed} must be [batch, tokens] alike")
+
+
+def _float_dtype(*tensors: Tensor | None) -> torch.dtype:
+    dtype = torch.float32
+    for t in tensors:
+        if t is not None:
+            dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def reinforce_pp_advantages(
+    rewards: Tensor,
+    mask: Tensor,
+    logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    eps: float = 1e-6,
+) -> Tensor:
+    """REINFORCE++ (Hu 2025): per-token advantages ``[B, T]`` of sequences with rewards ``[B]``.
+
+    Each sampled token's reward is ``-kl_coef * (logprobs - ref_logprobs)``, the k1 estimate of
+    the KL to a reference policy (with ``logprobs`` those the tokens were sampled with; no
+    reference: no penalty), and the last sampled token of a sequence adds the sequence's reward.
+    A token's return is the sum of the rewards from it to the end of its sequence (no discount:
+    the tokens after it that the policy sampled). The advantages are the returns normalised over
+    the whole batch: ``(return - mean) / (std + eps)`` with the mean and the population std over
+    every sampled token of every sequence, which replaces GRPO's per-group baseline by one of
+    the batch (so it works with one sample per prompt).
+    """
+    _check_token_shapes("reinforce_pp_advantages", mask, logprobs=logprobs, ref_logprobs=ref_logprobs)
+    if rewards.shape != mask.shape[:1]:
+        raise ValueError(
+            f"reinforce_pp_advantages: rewards must be [batch] = [{mask.shape[0]}], got {tuple(rewards.shape)}"
+        )
+    if (ref_logprobs is None) != (logprobs is None):
+        raise ValueError("reinforce_pp_advantages: the KL penalty needs both logprobs and ref_logprobs")
+    dtype = _float_dtype(rewards, logprobs, ref_logprobs)
+    sampled = mask != 0
+    token_rewards = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    if logprobs is not None and kl_coef:
+        token_rewards = -kl_coef * (logprobs.to(dtype) - ref_logprobs.to(dtype))
+    # The last sampled token of each row: the largest column index where the mask is set.
+    columns = torch.arange(mask.shape[1], device=mask.device)
+    last = torch.where(sampled, columns, -1).amax(-1)
+    ends = sampled & (columns == last[:, None])
+    token_rewards = torch.where(
+        sampled, token_rewards + torch.where(ends, rewards.to(dtype)[:, None], 0.0), 0.0
+    )
+    returns = token_rewards.flip(-1).cumsum(-1).flip(-1)
+    count = sampled.sum()
+    if count == 0:
+        return torch.zeros_like(returns)
+    mean = returns[sampled].mean()
+    std = returns[sampled].std(correction=0)
+    return torch.where(sampled, (returns - mean) / (std + eps), 0.0)
+
+
+def distill_advantages(student_logprobs: Tensor, teacher_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """On-policy distillation's per-token advantages ``[B, T]``: ``teacher_logprobs -
+    student_logprobs`` on the sampled tokens, each token its own (no discount, no return).
+
+    The tokens were sampled from the student, so the mean of ``student - teacher`` over them
+    estimates the reverse KL(student || teacher); a policy gradient with these advantages lowers
+    it, pushing up the tokens the teacher likes more than the student does. ``student_logprobs``
+    are those the tokens were sampled with.
+    """
+    _check_token_shapes("distill_advantages", mask, student=student_logprobs, teacher=teacher_logprobs)
+    dtype = _float_dtype(student_logprobs, teacher_logprobs)
+    gap = teacher_logprobs.to(dtype) - student_logprobs.to(dtype)
+    return torch.where(mask != 0, gap, 0.0)
 
 
 def gae(

@@ -59,7 +59,8 @@ class PolicyBatch:
 
     @classmethod
     def from_episodes(cls, episodes: Sequence[Episode], pad_id: int) -> PolicyBatch:
-        """Pads the episodes into one batch; ``ref_logprobs`` only when every episode has them."""
+        """Pads the episodes into one batch; ``ref_logprobs`` only when every episode has them;
+        ``advantages`` per token when an episode has them (``episode_advantages``)."""
         if not episodes:
             raise ValueError("PolicyBatch.from_episodes needs at least one episode")
         completions = [ep.completion for ep in episodes]
@@ -71,7 +72,7 @@ class PolicyBatch:
             target_ids=target_ids,
             loss_mask=place_responses([c.model_mask for c in completions], span),
             tokens=tokens,
-            advantages=torch.tensor([ep.advantage for ep in episodes], dtype=torch.float32),
+            advantages=episode_advantages(episodes, span),
             generator_logprobs=place_responses([c.logprobs for c in completions], span),
             ref_logprobs=place_responses([ep.ref_logprobs for ep in episodes], span) if with_ref else None,
             policy_versions=torch.tensor([ep.policy_version for ep in episodes], dtype=torch.long),
@@ -146,6 +147,19 @@ class PolicyBatch:
             if (value.shape[0] != shape[0]) if per_row else (tuple(value.shape) != shape):
                 want = f"[{shape[0]}]" if per_row else str(list(shape))
                 raise ValueError(f"PolicyBatch.{name} has shape {list(value.shape)}, expected {want}")
+
+
+def episode_advantages(episodes: Sequence[Episode], span: Tensor) -> Tensor:
+    """``[B]``, each episode's ``advantage``, when no episode has per-token advantages (GRPO's
+    case); else ``[B, T]``, each episode's ``token_advantages`` at its response tokens (an
+    episode without them repeats its ``advantage`` over them)."""
+    if all(ep.token_advantages is None for ep in episodes):
+        return torch.tensor([ep.advantage for ep in episodes], dtype=torch.float32)
+    rows = [
+        ep.token_advantages if ep.token_advantages is not None else [ep.advantage] * ep.response_len
+        for ep in episodes
+    ]
+    return place_responses(rows, span)
 
 
 def pad_sequences(

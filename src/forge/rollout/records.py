@@ -7,11 +7,12 @@ bench/rollout_records_bench.py for what the thread costs).
 
 A record of a training episode carries what a person reads (prompt, completion, reward,
 advantage, ...) and what replay mode (`rollout.replay_from`) needs to rebuild the exact
-training batch (token ids, generator and reference logprobs, the episode id). The replay
+training batch (token ids, generator and reference logprobs, per-token advantages, the
+episode id). The replay
 buffer writes, next to it, which episodes each training batch held (`batches_path`).
 
 Per-token arrays are stored as base64 of little-endian int32 (token ids) and float32
-(logprobs; the trainer reads them as float32, so this is exact): a GPU-sized step has
+(logprobs and advantages; the trainer reads them as float32, so this is exact): a GPU-sized step has
 millions of them, and JSON numbers cost several times more to write and read.
 """
 
@@ -57,6 +58,8 @@ RECORD_FIELDS = (
 TURN_FIELDS = ("turns", "truncated", "response_mask")
 # What a training record adds when a judge model scored it: its answers, by the judge's name.
 NOTE_FIELDS = ("reward_notes",)
+# What a training record adds when its episode trains with per-token advantages.
+TOKEN_ADVANTAGE_FIELDS = ("token_advantages",)
 
 
 def _encode(typecode: str, values: list | None) -> str | None:
@@ -123,6 +126,11 @@ def episode_record(step: int, episode: Episode) -> dict[str, Any]:
         "ref_logprobs": encode_floats(episode.ref_logprobs),
         **turn_fields(c),
         **({"reward_notes": episode.reward_notes} if episode.reward_notes else {}),
+        **(
+            {"token_advantages": encode_floats(episode.token_advantages)}
+            if episode.token_advantages is not None
+            else {}
+        ),
     }
 
 

@@ -31,6 +31,7 @@ from forge.rollout.env_failures import EnvFailures
 from forge.rollout.groups import EnvSessions, OneTurn, TrajectoryLimits, run_groups
 from forge.rollout.records import RolloutRecorder
 from forge.rollout.scores import score_trajectories
+from forge.rollout.token_advantages import TokenAdvantages
 
 
 @dataclass
@@ -103,13 +104,18 @@ async def score_groups(
 ) -> list[list[Episode]]:
     """Rewards (`forge.rollout.scores`: the reward actor's functions and server, the reward
     models, the environment's), then group-relative advantages, for the completions of each
-    prompt: one call to the reward actor, the reward models' calls at once, one to advantages.
-    An agent's episode split into several sequences is scored once, by its final one, and each
-    sequence becomes an episode with that reward and advantage."""
+    prompt: one call to the reward actor, the reward models' calls at once, one to advantages
+    (None: no group advantages, each episode's is 0; its per-token ones come later,
+    `forge.rollout.token_advantages`). An agent's episode split into several sequences is scored
+    once, by its final one, and each sequence becomes an episode with that reward and advantage."""
     scores = await score_trajectories(
         groups, [r["target"] for r in rows], reward.evaluate_groups.route, reward_models
     )
-    values = await advantages.compute_groups.route([[total for total, *_ in group] for group in scores])
+    totals = [[total for total, *_ in group] for group in scores]
+    if advantages is None:
+        values = [[0.0] * len(group) for group in totals]
+    else:
+        values = await advantages.compute_groups.route(totals)
     scored = []
     for row, group, group_scores, group_values in zip(rows, groups, scores, values, strict=True):
         group_id = uuid.uuid4().hex
@@ -147,12 +153,23 @@ def without_truncated(groups: list[list[Episode]]) -> list[list[Episode]]:
     return [g for g in kept if g]
 
 
-async def add_reference_logprobs(episodes: list[Episode], reference) -> None:
-    """Fills `ref_logprobs` of each episode from the reference model (one batched call, which
-    its data-parallel ranks split)."""
-    rows = await reference_logprobs(reference, [e.completion for e in episodes])
-    for episode, row in zip(episodes, rows, strict=True):
-        episode.ref_logprobs = row
+async def add_token_scores(
+    episodes: list[Episode], reference, teacher, token_advantages: TokenAdvantages | None
+) -> None:
+    """Fills `ref_logprobs` of each episode from the reference model, and then its
+    `token_advantages` (with the teacher's logprobs where there is a teacher): the reference and
+    the teacher each score all the episodes in one batched call, which their data-parallel ranks
+    split, both at once."""
+
+    async def scores(model) -> list[list[float]] | None:
+        return None if model is None else await reference_logprobs(model, [e.completion for e in episodes])
+
+    ref_rows, teacher_rows = await asyncio.gather(scores(reference), scores(teacher))
+    if ref_rows is not None:
+        for episode, row in zip(episodes, ref_rows, strict=True):
+            episode.ref_logprobs = row
+    if token_advantages is not None:
+        token_advantages.apply(episodes, teacher_rows)
 
 
 @dataclass
@@ -201,6 +218,8 @@ async def rollout_step(
     counts: RolloutCounts | None = None,
     recorder: RolloutRecorder | None = None,
     reward_models=None,
+    teacher=None,
+    token_advantages: TokenAdvantages | None = None,
 ) -> list[int]:
     """Samples prompts, rolls out a group of trajectories per prompt with a policy of at least
     `min_version`, scores them and adds them to the buffer.
@@ -212,7 +231,9 @@ async def rollout_step(
     Groups lost with a generator or environment replica that died or hung (after the service's retry), or
     whose environment failed, are counted in `rollout/groups_failed`. With `drop_truncated`,
     truncated trajectories leave after their group's advantages are computed (counted in
-    `rollout/truncated_dropped`). The `recorder` gets the groups that entered the buffer.
+    `rollout/truncated_dropped`). The reference model (None: none) and the `teacher` (None: none)
+    score the episodes' tokens, and `token_advantages` (None: the group advantages alone) gives
+    them per-token advantages. The `recorder` gets the groups that entered the buffer.
     """
     counts = counts if counts is not None else RolloutCounts()
     rows = await dataset.sample_batch.route(prompts_per_step)
@@ -245,8 +266,7 @@ async def rollout_step(
     episodes = [e for g in kept for e in g]
     if not episodes:
         return []
-    if reference is not None:
-        await add_reference_logprobs(episodes, reference)
+    await add_token_scores(episodes, reference, teacher, token_advantages)
     await replay_buffer.add_many.route(episodes)
     if recorder is not None:
         recorder.record_groups(kept)

@@ -28,6 +28,8 @@ def check_run_inputs(cfg: GRPOConfig) -> None:
     check_outputs_spare_inputs(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.generator.model_path)  # the generator's
     check_policy_model(cfg, len(tokenizer))
+    if cfg.distill is not None:
+        check_teacher(cfg.distill.teacher_path, cfg.generator.model_path, tokenizer)
     train, evaluation = load_prompt_rows(cfg.dataset)  # raises on a missing column or no prompts
     seq_len, max_tokens = cfg.trainer.engine.training.seq_len, cfg.generator.sampling.max_tokens
     if cfg.agent is not None:
@@ -172,6 +174,48 @@ def check_policy_model(cfg: GRPOConfig, tokenizer_size: int) -> None:
             f"({cfg.generator.model_path}) are different models: {'; '.join(differ)} (trainer vs "
             "generator). The generator samples the policy the trainer trains: point both at one checkpoint"
         )
+
+
+def check_teacher(teacher_path: str, policy_path: str, policy_tokenizer) -> None:
+    """The teacher (`distill.teacher_path`) is a checkpoint the trainer's engine loads, whose
+    tokenizer is the policy's (`policy_path`, the generator's): the teacher scores the token ids
+    the policy samples, which mean the same text only under one tokenizer."""
+    from transformers import AutoTokenizer
+
+    from forge.engines.titan.checkpoint_model import check_tokenizer_fits, read_checkpoint_model
+
+    check_model_dir(teacher_path, "distill.teacher_path")
+    try:
+        teacher_tokenizer = AutoTokenizer.from_pretrained(teacher_path)
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"distill.teacher_path: no tokenizer loads from {teacher_path} ({error}); the teacher needs "
+            f"the policy's tokenizer ({policy_path}): copy its tokenizer files there"
+        ) from None
+    differences = tokenizer_differences(policy_tokenizer, teacher_tokenizer)
+    if differences:
+        raise ValueError(
+            f"distill.teacher_path: the teacher's tokenizer ({teacher_path}) is not the policy's "
+            f"({policy_path}): {'; '.join(differences)} (policy vs teacher). The teacher scores the "
+            "policy's token ids: distill from a teacher that shares the policy's tokenizer"
+        )
+    check_tokenizer_fits(len(policy_tokenizer), read_checkpoint_model(teacher_path), teacher_path)
+
+
+def tokenizer_differences(a, b) -> list[str]:
+    """What differs between two tokenizers in what ids mean: sizes, tokens, special tokens."""
+    differences = []
+    if len(a) != len(b):
+        differences.append(f"{len(a)} vs {len(b)} tokens")
+    vocab_a, vocab_b = a.get_vocab(), b.get_vocab()
+    changed = sorted(t for t in vocab_a.keys() | vocab_b.keys() if vocab_a.get(t) != vocab_b.get(t))
+    if changed:
+        shown = ", ".join(f"{t!r}: {vocab_a.get(t)} vs {vocab_b.get(t)}" for t in changed[:3])
+        differences.append(f"{len(changed)} tokens have other ids (e.g. {shown})")
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(a, name) != getattr(b, name):
+            differences.append(f"{name} {getattr(a, name)} vs {getattr(b, name)}")
+    return differences
 
 
 def check_prompt_lengths(

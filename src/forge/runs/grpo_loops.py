@@ -10,6 +10,7 @@ the replay buffer. forge.grpo.run launches the actors (forge.grpo.launch) and ha
       least the version of the step that will      pick it up before their next request, or
       train them less max_policy_age)              while it runs (update_mode: in_flight)
       -> reward -> advantages -> reference
+      (and teacher) -> token advantages
       -> ReplayBuffer.add
 
 The staleness bound (forge.staleness) pauses rollouts whose episodes could only go stale;
@@ -41,8 +42,8 @@ from forge.staleness import StalenessBound
 
 @dataclass
 class GRPOActors:
-    """The handles the loops drive (trainer and reference None when the config has none;
-    reward_models: forge.rewards.models.RewardModels, or None for none)."""
+    """The handles the loops drive (trainer, advantages, reference and teacher None when the
+    config has none; reward_models: forge.rewards.models.RewardModels, or None for none)."""
 
     dataset: Any
     rollouts: Rollouts
@@ -52,6 +53,7 @@ class GRPOActors:
     advantages: Any
     reference: Any
     reward_models: Any = None
+    teacher: Any = None
 
 
 def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, str]:
@@ -149,6 +151,8 @@ class GRPOLoops:
                         counts=self.counts,
                         recorder=self.recorder,
                         reward_models=a.reward_models,
+                        teacher=a.teacher,
+                        token_advantages=cfg.token_advantages,
                     )
             finally:
                 await self.bound.finish_rollout(slot.episodes, added)

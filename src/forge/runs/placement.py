@@ -23,16 +23,19 @@ def policy_settings(model_cfg) -> dict[str, Any]:
 
 def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
     """Per trainer GPU: the policy's weights, gradients and two AdamW moments in the training
-    dtype, and the reference model's weights when there is one, over the FSDP shards. A floor:
-    activations come on top."""
-    from forge.engines.titan.checkpoint_model import parameter_count
+    dtype, and the weights of the reference model and of the teacher (distill) where there are
+    any (they share the trainer's GPUs), over the FSDP shards. A floor: activations come on top."""
+    from forge.engines.titan.checkpoint_model import parameter_count, read_checkpoint_model
 
     engine = cfg.trainer.engine
     copies = 4 + (1 if cfg.use_reference else 0)
     ranks = cfg.trainer.procs * cfg.trainer.hosts
     shards = max(ranks // engine.parallelism.data_parallel_replicate_degree, 1)
     itemsize = getattr(torch, engine.training.dtype).itemsize
-    return parameter_count(settings) * itemsize * copies / shards / 2**30
+    parameters = parameter_count(settings) * copies
+    if cfg.distill is not None:
+        parameters += parameter_count(read_checkpoint_model(cfg.distill.teacher_path).settings)
+    return parameters * itemsize / shards / 2**30
 
 
 def placement_request(cfg: GRPOConfig, settings: dict[str, Any]) -> PlacementRequest:

@@ -89,6 +89,9 @@ PLACEMENTS = {
     "4gpu-disaggregated": (4, 2, 2, 1, False),
     "4gpu-disaggregated-x2": (4, 2, 4, 2, False),
     "4gpu-disaggregated-x3": (4, 2, 6, 3, False),
+    # At 0.6B two FSDP trainer GPUs idle half a step beside two saturated generator GPUs
+    # (bench/RESULTS.md, seventh session): one trainer GPU, three generators (63 prompts a step).
+    "4gpu-disaggregated-1+3": (4, 1, 3, 1, False),
 }
 
 

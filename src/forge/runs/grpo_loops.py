@@ -41,7 +41,8 @@ from forge.staleness import StalenessBound
 
 @dataclass
 class GRPOActors:
-    """The handles the loops drive (trainer and reference None when the config has none;
+    """The handles the loops drive (trainer and reference None when the config has none; with
+    LoRA the reference is the trainer, `GRPOConfig.reference_in_trainer`;
     reward_models: forge.rewards.models.RewardModels, or None for none)."""
 
     dataset: Any

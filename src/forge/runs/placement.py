@@ -28,7 +28,7 @@ def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
     from forge.engines.titan.checkpoint_model import parameter_count
 
     engine = cfg.trainer.engine
-    copies = 4 + (1 if cfg.use_reference else 0)
+    copies = 4 + (1 if cfg.reference_actor else 0)
     ranks = cfg.trainer.procs * cfg.trainer.hosts
     shards = max(ranks // engine.parallelism.data_parallel_replicate_degree, 1)
     itemsize = getattr(torch, engine.training.dtype).itemsize

@@ -23,15 +23,20 @@ def policy_settings(model_cfg) -> dict[str, Any]:
 
 def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
     """Per trainer GPU: the policy's weights, gradients and two AdamW moments in the training
-    dtype, and the reference model's weights when there is one, over the FSDP shards. A floor:
-    activations come on top."""
-    from forge.engines.titan.checkpoint_model import parameter_count
+    dtype, and the reference model's weights when there is one, over the FSDP shards; with LoRA,
+    the frozen weights once (in their dtype) and the adapters' four copies, the reference being
+    the trainer's own model. A floor: activations come on top."""
+    from forge.engines.titan.checkpoint_model import lora_parameter_count, parameter_count
 
     engine = cfg.trainer.engine
-    copies = 4 + (1 if cfg.reference_actor else 0)
     ranks = cfg.trainer.procs * cfg.trainer.hosts
     shards = max(ranks // engine.parallelism.data_parallel_replicate_degree, 1)
     itemsize = getattr(torch, engine.training.dtype).itemsize
+    if engine.lora is not None:
+        frozen = parameter_count(settings) * getattr(torch, engine.training.frozen_dtype).itemsize
+        adapters = lora_parameter_count(settings, engine.lora.targets(), engine.lora.rank)
+        return (frozen + adapters * itemsize * 4) / shards / 2**30
+    copies = 4 + (1 if cfg.reference_actor else 0)
     return parameter_count(settings) * itemsize * copies / shards / 2**30
 
 

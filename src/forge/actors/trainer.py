@@ -161,3 +161,9 @@ class TitanTrainer(ForgeActor):
         """Writes a Hugging Face directory (every rank gathers, rank 0 writes); ``dtype`` None
         keeps the starting checkpoint's."""
         return str(self.engine.export_hf(out_dir, tokenizer_dir, dtype))
+
+    @endpoint
+    async def export_peft(self, out_dir: str) -> str:
+        """Writes the LoRA adapters as a PEFT adapter directory for the checkpoint the trainer
+        started from (every rank gathers, rank 0 writes)."""
+        return str(self.engine.export_peft(out_dir))

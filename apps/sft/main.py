@@ -6,7 +6,7 @@ The controller (this process) reads and batches the data; the `TitanTrainer` act
 mesh, `trainer.procs` data-parallel ranks) trains (forge.recipes.sft_run). Outputs, all under
 `run_dir`: metrics.jsonl, config.yaml, checkpoints/step_XXXXXXXX (run checkpoints, as GRPO's:
 model, optimizer, LR schedule, step, data position, RNG; forge.runs.checkpoint), and the Hugging
-Face export at `export_dir`.
+Face export at `export_dir` (with LoRA: the PEFT adapter, and the merged model on request).
 """
 
 from __future__ import annotations

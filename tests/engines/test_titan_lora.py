@@ -1,7 +1,8 @@
 """TitanEngine with LoRA (``trainer.engine.lora``) on CPU with real tiny models: the adapted model
-starts as its base, trains its adapters alone, is its base again under ``adapters_disabled``,
-publishes and exports merged weights, exports its adapters for PEFT, and resumes exactly from a
-checkpoint that holds only the adapters. FSDP with LoRA is in test_titan_dp.py."""
+starts as its base, trains its adapters alone, is its base again under ``adapters_disabled`` (the
+KL term's reference), publishes and exports merged weights, exports its adapters for PEFT, and
+resumes exactly from a checkpoint that holds only the adapters. FSDP with LoRA is in
+test_titan_dp.py."""
 
 import json
 
@@ -14,8 +15,10 @@ from titan_testing import lm_batch, masked_ce
 from torch.distributed.checkpoint import FileSystemReader
 from transformers import AutoModelForCausalLM
 
+from forge.data.types import Completion
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
+from forge.engines.titan.logprobs import completion_logprobs, share_logprobs
 from forge.grpo.config import GRPOConfig
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses import build_loss
@@ -106,6 +109,32 @@ def test_adapters_disabled_is_the_base_model_exactly(base_dir):
         for name, tensor in plain.hf_state_dict().items():
             assert torch.equal(base_weights[name], tensor), name
     assert torch.equal(logprobs(engine, batch), adapted) and not torch.equal(adapted, logprobs(plain, batch))
+
+
+@pytest.mark.parametrize("compute", ["float32", "bfloat16"])
+def test_the_kl_reference_is_the_base_checkpoint_exactly(base_dir, compute):
+    """With LoRA the trainer answers the KL term's reference calls (TitanTrainer.reference_logprobs)
+    with its model's adapters off: after its adapters moved, those logprobs are, bit for bit, the
+    base checkpoint's as the ReferenceModel's engine (built from the same config, not trained)
+    scores them; under bfloat16 compute too, where the LoRA engine keeps its frozen weights in
+    bfloat16 and the reference casts its float32 ones."""
+    sections = {"model": {"hf_path": str(base_dir)}, "training": {"mixed_precision_param": compute}}
+    reference = TitanEngine(make_config(LORA, **sections), trainable=False)
+    engine = TitanEngine(make_config(LORA, optimizer={"lr": 0.02}, **sections))
+    for batch in batches(2):
+        engine.train_step(batch, build_loss("sft"))
+    draw = torch.Generator().manual_seed(11)
+    completions = [
+        Completion("", ids[:prompt_len], ids[prompt_len:], [0.0] * (len(ids) - prompt_len), "", "stop", 0)
+        for ids, prompt_len in (
+            (torch.randint(0, VOCAB, (length,), generator=draw).tolist(), length // 3)
+            for length in (9, 17, 12, 5)
+        )
+    ]
+    expected = completion_logprobs(reference, completions, temperature=0.7)
+    with engine.adapters_disabled():
+        assert share_logprobs(engine, completions, temperature=0.7).values == expected
+    assert completion_logprobs(engine, completions, temperature=0.7) != expected  # the policy moved
 
 
 @pytest.mark.parametrize("model", ["qwen3", "llama3"])

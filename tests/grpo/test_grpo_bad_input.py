@@ -207,7 +207,10 @@ def test_a_misspelled_policy_path_does_not_retrain_the_warm_start(write_grpo_con
         capsys,
         ["--config", str(write_grpo_config()), f"policy_path={typo}", f"warm_start.sft_config={sft}"],
     )
-    assert f"no model at {typo}, and the warm start ({sft}) exports to {tmp_path / 'sft' / 'export'}" in err
+    assert (
+        f"no model at {typo}, and the warm start ({sft}) exports a model to {tmp_path / 'sft' / 'export'}"
+        in err
+    )
     assert not (tmp_path / "sft").exists()  # nothing was trained
 
 

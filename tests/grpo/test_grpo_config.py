@@ -131,6 +131,15 @@ def test_the_reference_spans_the_trainers_hosts_and_a_placement_it_cannot_span_i
             validate({"TitanTrainer": [0, 1], "ReferenceModel": listed})
     # Without a KL term there is no reference model to place.
     validate({"TitanTrainer": [0, 1], "ReferenceModel": [2]}, beta=0.0)
+    # With LoRA the trainer is the reference (its base model): no ReferenceModel to place either,
+    # unless there is no trainer (rollout-only), whose reference is a ReferenceModel again.
+    trainer["engine"]["lora"] = {"rank": 4}
+    lora = validate({"TitanTrainer": [0, 1], "ReferenceModel": [2]})
+    assert (lora.use_reference, lora.reference_in_trainer, lora.reference_actor) == (True, True, False)
+    trainer["enabled"] = False
+    rollout_only = validate({"TitanTrainer": [1, 2]})
+    assert (rollout_only.reference_in_trainer, rollout_only.reference_actor) == (False, True)
+    del trainer["enabled"], trainer["engine"]["lora"]
     # The trainer's own placement is held to the same rule (unlisted, it is host 0 alone).
     with pytest.raises(
         ValidationError, match=re.escape("provisioner.placement.TitanTrainer ([0]) must begin")

@@ -66,3 +66,35 @@ def test_the_8b_config_fits_four_80_gb_gpus_colocated_and_says_what_does_not(tin
     )
     plan = plan_gpus(placement_request(eight, settings), Machine(8, memory_gib=79.6))
     assert plan.slots[GENERATOR_GROUP] == [[i] for i in range(8)]
+
+
+def test_the_8b_lora_config_fits_one_80_gb_gpu_where_full_training_does_not(tiny_policy):
+    """LoRA's trainer holds the frozen base once in bfloat16 and its adapters' float32 state;
+    the same run training every weight needs float32 weights, gradients, AdamW moments and a
+    reference copy, which one GPU cannot hold."""
+    from forge.engines.titan.checkpoint_model import (
+        lora_parameter_count,
+        model_settings,
+        parameter_count,
+    )
+    from forge.engines.titan.flavors import resolve_model_args
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "grpo" / "qwen3_8b_lora.yaml"
+    overrides = [f"policy_path={tiny_policy}", "dataset.path=prompts.jsonl"]
+    cfg = load_config(GRPOConfig, config, overrides)
+    assert cfg.reference_in_trainer and not cfg.reference_actor
+    settings = model_settings(resolve_model_args("qwen3", "8B"))
+    # Rank 32 over the 7 linear layers of 36 blocks: 32 x (in + out) summed.
+    hidden, inter, q, kv = 4096, 12288, 32 * 128, 8 * 128
+    per_block = 32 * ((hidden + q) * 2 + (hidden + kv) * 2 + (hidden + inter) * 3)
+    assert lora_parameter_count(settings, cfg.trainer.engine.lora.targets(), 32) == 36 * per_block
+    request = placement_request(cfg, settings)
+    expected = (parameter_count(settings) * 2 + 36 * per_block * 4 * 4) / 2**30
+    assert request.trainer_gib == pytest.approx(expected) and 16 < expected < 17
+    plan = plan_gpus(request, Machine(1, memory_gib=79.6))
+    assert (plan.slots[TRAINER_GROUP], plan.slots[GENERATOR_GROUP]) == ([[0]], [[0]])
+
+    full = load_config(GRPOConfig, config, [*overrides, "trainer.engine.lora=null"])
+    assert full.reference_actor
+    with pytest.raises(PlacementError, match=r"GPU 0 \(80 GiB\) cannot hold"):
+        plan_gpus(placement_request(full, settings), Machine(1, memory_gib=79.6))

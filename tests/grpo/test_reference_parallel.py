@@ -58,7 +58,7 @@ def two_ranks(tiny_policy):
     async def main():
         reference = await ReferenceModel.options(procs=2).as_actor(engine_config(tiny_policy, 2), TEMPERATURE)
         try:
-            shares = sorted(await reference.forward.route_per_rank(ODD))
+            shares = sorted(await reference.reference_logprobs.route_per_rank(ODD))
             odd = await reference_logprobs(reference, ODD)
             one = await reference_logprobs(reference, ONE)
             # Two calls in flight, as from two rollout loops: each rank must run them in one order.

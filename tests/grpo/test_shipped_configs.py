@@ -10,6 +10,7 @@ tests/apps/test_sft_app.py.
 """
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,9 @@ EXTRA = {
         "rollout.threads=2",
         "rollout.prompts_per_step=1",
     ],
+    # One GPU's LoRA run as shipped (colocated vLLM, weights through the store, the KL reference
+    # from the trainer's adapters off).
+    "grpo/qwen3_8b_lora.yaml": ["dataset.path={prompts}", "dataset.eval_path={prompts}"],
     # One task whose questions fit the tiny model's 64 positions, no system prompt, and every
     # group recorded for check_reasoning_gym_run ({{ }}: these strings go through str.format).
     "grpo/reasoning_gym.yaml": [
@@ -111,7 +115,7 @@ VLLM = [
 
 
 # Configs made for GPUs whose generator resolves to vLLM there (engine auto).
-VLLM_ON_GPU = {"grpo/qwen3_1_7b.yaml", "grpo/qwen3_8b.yaml"}
+VLLM_ON_GPU = {"grpo/qwen3_1_7b.yaml", "grpo/qwen3_8b.yaml", "grpo/qwen3_8b_lora.yaml"}
 
 
 @pytest.mark.parametrize("name", sorted(set(shipped("grpo")) - set(RUN_ELSEWHERE)))
@@ -165,5 +169,12 @@ def check_reasoning_gym_run(out: Path, metric_rows: list[dict]) -> None:
     assert not [k for row in metric_rows for k in row if k.startswith("reward/reasoning_gym/")]
 
 
+def check_lora_run(out: Path, metric_rows: list[dict]) -> None:
+    """The KL term had its reference (the trainer's base model, tests/grpo/test_grpo_lora.py)."""
+    steps = [row for row in metric_rows if "loss/kl" in row]
+    assert len(steps) == 2 and all(math.isfinite(row["loss/kl"]) for row in steps), steps
+    assert all(row["reference/forward_s"] > 0 for row in steps), steps
+
+
 # What a config is for, checked after its run: (output_dir, metrics rows).
-RUN_CHECKS = {"grpo/reasoning_gym.yaml": check_reasoning_gym_run}
+RUN_CHECKS = {"grpo/reasoning_gym.yaml": check_reasoning_gym_run, "grpo/qwen3_8b_lora.yaml": check_lora_run}

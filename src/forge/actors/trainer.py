@@ -3,6 +3,9 @@
 `push_weights` copies the weights into a snapshot and returns; the store transfer runs in
 the background on this actor's event loop while the next `train_step` computes in a worker
 thread (forge.weight_sync.WeightPublisher).
+
+With LoRA the trainer is also the KL term's reference model (`reference_logprobs`): the base
+model is its own with the adapters off, so no second copy of the model is needed.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ import torch
 from monarch.actor import current_rank, endpoint
 from torch.profiler import record_function
 
+from forge.actors.reference import record_reference_pass
 from forge.controller import ForgeActor
+from forge.data.types import Completion
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.row_shards import gather_to_first_rank
+from forge.engines.titan.shares import Share
 from forge.observability import Reduce, record_metric
 from forge.observability.step_profiler import StepProfiler
 from forge.rl.batch import PolicyBatch
@@ -92,6 +98,24 @@ class TitanTrainer(ForgeActor):
         return self.engine.score_tokens(tokens, target_ids, torch.ones_like(target_ids), temperature).logprobs
 
     @endpoint
+    async def reference_logprobs(self, completions: list[Completion]) -> Share:
+        """With LoRA, the KL term's reference (what a `ReferenceModel` answers): this rank's
+        data-parallel share of the completions' response-token logprobs under the base model,
+        the policy with its adapters off, at the loss's temperature. Endpoints run one at a
+        time, so no train step ever sees the adapters off; in a thread, as `train_step`, so
+        that a background weight publish goes on meanwhile."""
+        from forge.engines.titan.logprobs import share_logprobs
+
+        def base_share() -> Share:
+            with self.engine.adapters_disabled():
+                return share_logprobs(self.engine, completions, self.loss_fn.temperature)
+
+        started = time.perf_counter()
+        share = await asyncio.to_thread(base_share)
+        record_reference_pass(completions, time.perf_counter() - started)
+        return share
+
+    @endpoint
     async def push_weights(self, version: int) -> None:
         """Publishes the current weights (HF names) as `version`: returns once they are copied,
         the store transfer goes on in the background (`wait_published` waits for it)."""
@@ -137,3 +161,9 @@ class TitanTrainer(ForgeActor):
         """Writes a Hugging Face directory (every rank gathers, rank 0 writes); ``dtype`` None
         keeps the starting checkpoint's."""
         return str(self.engine.export_hf(out_dir, tokenizer_dir, dtype))
+
+    @endpoint
+    async def export_peft(self, out_dir: str) -> str:
+        """Writes the LoRA adapters as a PEFT adapter directory for the checkpoint the trainer
+        started from (every rank gathers, rank 0 writes)."""
+        return str(self.engine.export_peft(out_dir))

@@ -249,7 +249,7 @@ class GRPOConfig(ForgeConfigModel):
         """The trainer and the reference model (which has the trainer's processes and hosts) each
         span trainer.hosts hosts: the first that many of their placement, consecutive ones."""
         actors = (["TitanTrainer"] if self.trainer.enabled else []) + (
-            ["ReferenceModel"] if self.use_reference else []
+            ["ReferenceModel"] if self.reference_actor else []
         )
         count = self.trainer.hosts
         for actor in actors:
@@ -348,3 +348,15 @@ class GRPOConfig(ForgeConfigModel):
             kl_coef=self.rollout.kl_coef,
             distill_weight=self.distill.weight if self.distill is not None else 0.0,
         )
+
+    @property
+    def reference_in_trainer(self) -> bool:
+        """Whether the trainer is the reference model: with LoRA the reference is the base model,
+        the trainer's own with its adapters off (`TitanTrainer.reference_logprobs`), and no
+        ReferenceModel actor runs. Without a trainer (rollout-only) a ReferenceModel runs."""
+        return self.use_reference and self.trainer.enabled and self.trainer.engine.lora is not None
+
+    @property
+    def reference_actor(self) -> bool:
+        """Whether a ReferenceModel actor runs (a reference the trainer does not provide)."""
+        return self.use_reference and not self.reference_in_trainer

@@ -87,8 +87,9 @@ async def launch_trainer(cfg: GRPOConfig, gpus: bool, transport: str) -> Any | N
 
 async def launch_reference(cfg: GRPOConfig, gpus: bool) -> Any | None:
     """With the trainer's processes, hosts, GPUs and parallelism: a KL term needs no GPU of its
-    own, and each GPU holds a shard of the reference as it does of the policy."""
-    if not cfg.use_reference:
+    own, and each GPU holds a shard of the reference as it does of the policy. None where the
+    trainer is the reference (LoRA: `GRPOConfig.reference_in_trainer`) or there is none."""
+    if not cfg.reference_actor:
         return None
     references = ReferenceModel.options(
         procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group=TRAINER_GROUP
@@ -168,6 +169,8 @@ async def launch_actors(
         launch_reward_models(cfg.reward, gpus),
         asyncio.to_thread(eval_scorer.start),
     )
+    if cfg.reference_in_trainer:
+        reference = trainer
     renderer = turn_renderer(cfg, tokenizer)
     rollouts = Rollouts(
         generator,

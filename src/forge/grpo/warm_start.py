@@ -19,10 +19,11 @@ def ensure_warm_start(cfg: GRPOConfig, report: Callable[[str], None]) -> None:
     if (Path(cfg.policy_path) / "config.json").exists() or cfg.warm_start.sft_config is None:
         return
     sft = load_config(SFTConfig, cfg.warm_start.sft_config, cfg.warm_start.sft_overrides)
-    if sft.export_dir is None or Path(sft.export_dir).resolve() != Path(cfg.policy_path).resolve():
+    exported = sft.model_export_dir  # with LoRA, the merged model (export_merged)
+    if exported is None or exported.resolve() != Path(cfg.policy_path).resolve():
         raise ValueError(
             f"policy_path: no model at {cfg.policy_path}, and the warm start ({cfg.warm_start.sft_config}) "
-            f"exports to {sft.export_dir}, not there: fix policy_path, or point warm_start at an SFT "
+            f"exports a model to {exported}, not there: fix policy_path, or point warm_start at an SFT "
             "config that exports to it"
         )
     report(

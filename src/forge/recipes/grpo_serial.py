@@ -20,6 +20,7 @@ produces the same episodes, losses and rewards step for step (tests/grpo/test_gr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -87,7 +88,13 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
     )
     env_failures = EnvFailures()  # the run's: a kind of failure is logged in full once
     drop_truncated = cfg.env is not None and cfg.env.on_truncation == "drop"
-    reference = TitanEngine(cfg.trainer.engine, trainable=False) if cfg.use_reference else None
+    # The KL term's reference: the initial policy, or with LoRA the policy's own base model (its
+    # adapters off), as the app's reference actor or trainer scores it.
+    reference, reference_context = None, contextlib.nullcontext
+    if cfg.reference_in_trainer:
+        reference, reference_context = policy, policy.adapters_disabled
+    elif cfg.use_reference:
+        reference = TitanEngine(cfg.trainer.engine, trainable=False)
     # The teacher (distill) is a frozen model that scores the sampled tokens, as the reference does.
     teacher = TitanEngine(cfg.teacher_engine, trainable=False) if cfg.distill is not None else None
     token_advantages = cfg.token_advantages
@@ -174,7 +181,8 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
             episodes += [e for g in (without_truncated([scored]) if drop_truncated else [scored]) for e in g]
         temperature = cfg.generator.sampling.temperature
         if episodes and reference is not None:
-            rows = completion_logprobs(reference, [e.completion for e in episodes], temperature)
+            with reference_context():
+                rows = completion_logprobs(reference, [e.completion for e in episodes], temperature)
             for episode, row in zip(episodes, rows, strict=True):
                 episode.ref_logprobs = row
         if episodes and token_advantages is not None:

@@ -184,8 +184,7 @@ async def train(cfg: SFTConfig, start: SFTStart, report: Report) -> dict[str, fl
         progress.close()
 
         if cfg.export_dir is not None:
-            await trainer.export_hf.route(str(Path(cfg.export_dir).resolve()), str(prepared.tokenizer_dir))
-            report(f"exported the model to {cfg.export_dir}")
+            await export(cfg, trainer, prepared.tokenizer_dir, report)
         if start.generation_rows is not None:
             last_eval["eval/greedy_exact_match"] = generation_eval(cfg, start.generation_rows, report)
             record_metric("eval/greedy_exact_match", last_eval["eval/greedy_exact_match"])
@@ -196,8 +195,20 @@ async def train(cfg: SFTConfig, start: SFTStart, report: Report) -> dict[str, fl
         await shutdown()
 
 
+async def export(cfg: SFTConfig, trainer, tokenizer_dir: Path, report: Report) -> None:
+    """The end of the run's export: the Hugging Face model at export_dir; with LoRA the PEFT
+    adapter there instead, and the merged model in export_dir/merged if export_merged."""
+    export_dir = Path(cfg.export_dir).resolve()
+    if cfg.trainer.engine.lora is not None:
+        await trainer.export_peft.route(str(export_dir))
+        report(f"exported the LoRA adapter (PEFT) to {cfg.export_dir}")
+    if cfg.model_export_dir is not None:
+        await trainer.export_hf.route(str(cfg.model_export_dir.resolve()), str(tokenizer_dir))
+        report(f"exported the model to {cfg.model_export_dir}")
+
+
 def generation_eval(cfg: SFTConfig, rows: list[dict], report: Report) -> float:
     gen = cfg.generation_eval
-    accuracy = greedy_exact_match(cfg.export_dir, rows, get_reward_fn(gen.reward_fn), gen.max_tokens)
+    accuracy = greedy_exact_match(cfg.model_export_dir, rows, get_reward_fn(gen.reward_fn), gen.max_tokens)
     report(f"greedy exact match of the export: {accuracy:.3f} on {len(rows)} eval prompts")
     return accuracy

@@ -43,7 +43,8 @@ from forge.staleness import StalenessBound
 @dataclass
 class GRPOActors:
     """The handles the loops drive (trainer, advantages, reference and teacher None when the
-    config has none; reward_models: forge.rewards.models.RewardModels, or None for none)."""
+    config has none; with LoRA the reference is the trainer, `GRPOConfig.reference_in_trainer`;
+    reward_models: forge.rewards.models.RewardModels, or None for none)."""
 
     dataset: Any
     rollouts: Rollouts

@@ -24,18 +24,28 @@ def policy_settings(model_cfg) -> dict[str, Any]:
 def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
     """Per trainer GPU: the policy's weights, gradients and two AdamW moments in the training
     dtype, and the weights of the reference model and of the teacher (distill) where there are
-    any (they share the trainer's GPUs), over the FSDP shards. A floor: activations come on top."""
-    from forge.engines.titan.checkpoint_model import parameter_count, read_checkpoint_model
+    any (they share the trainer's GPUs), over the FSDP shards; with LoRA, the frozen weights once
+    (in their dtype) and the adapters' four copies, the reference being the trainer's own model.
+    A floor: activations come on top."""
+    from forge.engines.titan.checkpoint_model import (
+        lora_parameter_count,
+        parameter_count,
+        read_checkpoint_model,
+    )
 
     engine = cfg.trainer.engine
-    copies = 4 + (1 if cfg.use_reference else 0)
     ranks = cfg.trainer.procs * cfg.trainer.hosts
     shards = max(ranks // engine.parallelism.data_parallel_replicate_degree, 1)
     itemsize = getattr(torch, engine.training.dtype).itemsize
-    parameters = parameter_count(settings) * copies
+    if engine.lora is not None:
+        frozen = parameter_count(settings) * getattr(torch, engine.training.frozen_dtype).itemsize
+        adapters = lora_parameter_count(settings, engine.lora.targets(), engine.lora.rank)
+        state = frozen + adapters * itemsize * 4
+    else:
+        state = parameter_count(settings) * itemsize * (4 + (1 if cfg.reference_actor else 0))
     if cfg.distill is not None:
-        parameters += parameter_count(read_checkpoint_model(cfg.distill.teacher_path).settings)
-    return parameters * itemsize / shards / 2**30
+        state += parameter_count(read_checkpoint_model(cfg.distill.teacher_path).settings) * itemsize
+    return state / shards / 2**30
 
 
 def placement_request(cfg: GRPOConfig, settings: dict[str, Any]) -> PlacementRequest:

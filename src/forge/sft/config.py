@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -54,7 +55,16 @@ class SFTConfig(ForgeConfigModel):
         description="continue from the newest intact checkpoint in run_dir/checkpoints: true needs one, "
         "auto continues from one if there is one, else starts",
     )
-    export_dir: str | None = Field(None, description="Hugging Face directory written at the end")
+    export_dir: str | None = Field(
+        None,
+        description="written at the end: the Hugging Face model, or with trainer.engine.lora the PEFT "
+        "adapter (adapter_config.json, adapter_model.safetensors) for trainer.engine.model.hf_path",
+    )
+    export_merged: bool = Field(
+        False,
+        description="with trainer.engine.lora, also the merged Hugging Face model (the base with the "
+        "adapters added into its weights), in export_dir/merged",
+    )
     trainer: TrainerSection = TrainerSection()
     data: SFTRecipeDataConfig
     generation_eval: GenerationEvalConfig | None = None
@@ -82,9 +92,38 @@ class SFTConfig(ForgeConfigModel):
                 f"data.max_seq_len ({self.data.max_seq_len}) exceeds trainer.engine.training.seq_len "
                 f"({self.trainer.engine.training.seq_len}), the longest sequence the model accepts"
             )
+        self._check_lora_exports()
         if self.generation_eval is not None:
             if self.export_dir is None:
                 raise ValueError("generation_eval runs on the exported model: set export_dir")
+            if self.model_export_dir is None:
+                raise ValueError(
+                    "generation_eval runs on the exported model, and with trainer.engine.lora export_dir "
+                    "holds the adapter alone: set export_merged: true (it runs on export_dir/merged)"
+                )
             if self.data.embedded_task is None and self.data.eval_path is None:
                 raise ValueError("generation_eval reads prompts and targets from data.eval_path: set it")
         return self
+
+    def _check_lora_exports(self) -> None:
+        lora, hf_path = self.trainer.engine.lora, self.trainer.engine.model.hf_path
+        if lora is not None and hf_path is None:
+            raise ValueError(
+                "trainer.engine.lora adapts a pretrained model, which its adapter export loads onto: set "
+                "trainer.engine.model.hf_path to a checkpoint, or unset trainer.engine.lora"
+            )
+        if self.export_merged and (lora is None or self.export_dir is None):
+            raise ValueError(
+                "export_merged writes a LoRA run's merged model into export_dir/merged: it needs "
+                "trainer.engine.lora and export_dir (without lora, export_dir is the whole model already)"
+            )
+
+    @property
+    def model_export_dir(self) -> Path | None:
+        """Where the whole Hugging Face model is exported: export_dir, or with LoRA
+        export_dir/merged when export_merged is set; None when no whole model is exported."""
+        if self.export_dir is None:
+            return None
+        if self.trainer.engine.lora is None:
+            return Path(self.export_dir)
+        return Path(self.export_dir) / "merged" if self.export_merged else None

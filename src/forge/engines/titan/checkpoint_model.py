@@ -275,6 +275,25 @@ def parameter_count(settings: dict[str, Any]) -> int:
     return embeddings + settings["num_hidden_layers"] * (attention + mlp + norms) + hidden
 
 
+def lora_parameter_count(settings: dict[str, Any], targets: list[str], rank: int) -> int:
+    """The LoRA adapters' parameters (``rank * (in + out)`` per adapted layer) of a decoder
+    described by `model_settings`, its layers named by `targets` (e.g. ``["q_proj", "v_proj"]``)."""
+    hidden, inter = settings["hidden_size"], settings["intermediate_size"]
+    queries = settings["num_attention_heads"] * settings["head_dim"]
+    keys = settings["num_key_value_heads"] * settings["head_dim"]
+    shapes = {
+        "q_proj": (hidden, queries),
+        "k_proj": (hidden, keys),
+        "v_proj": (hidden, keys),
+        "o_proj": (queries, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+    per_block = sum(rank * sum(shapes[name]) for name in targets)
+    return settings["num_hidden_layers"] * per_block
+
+
 def _intermediate_size(args) -> int:
     if hasattr(args, "hidden_dim"):
         return args.hidden_dim

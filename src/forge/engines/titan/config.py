@@ -134,6 +134,15 @@ class TrainingConfig(_Section):
     compile: bool = False
     activation_checkpoint: Literal["none", "full", "selective"] = "none"
 
+    @property
+    def frozen_dtype(self) -> str:
+        """The dtype of weights that are never trained (LoRA's frozen base): the compute dtype
+        where it is narrower than the parameters' (a weight that never changes needs no float32
+        master copy, and compute casts it to that dtype anyway), else the parameters'."""
+        if self.dtype == "float32" and self.mixed_precision_param == "bfloat16":
+            return "bfloat16"
+        return self.dtype
+
 
 # The Hugging Face names of the decoder blocks' linear layers, in every architecture the engine
 # builds (torchtitan's names: attention.wq/wk/wv/wo, feed_forward.w1/w3/w2).

@@ -160,7 +160,8 @@ class TitanEngine:
         use_document_attention(model)
         model.output = ScoringHead.replacing(model.output)
         if self.config.lora is not None and self.trainable:
-            self.adapters = LoraAdapters.add_to(model, self.adapter, self.config.lora, self._frozen_dtype())
+            frozen_dtype = TORCH_DTYPE_MAP[self.config.training.frozen_dtype]
+            self.adapters = LoraAdapters.add_to(model, self.adapter, self.config.lora, frozen_dtype)
         args = self.model_args
         head_dim = getattr(args, "head_dim", None) or args.dim // args.n_heads
         self.flops = ModelFlops(model, args.n_layers, args.n_heads, head_dim)
@@ -178,15 +179,6 @@ class TitanEngine:
             )
         model.train()
         return model
-
-    def _frozen_dtype(self) -> torch.dtype | None:
-        """The dtype of LoRA's frozen weights: the compute dtype when it is narrower than the
-        parameters' (a weight that never changes needs no float32 master copy, and compute
-        casts it to that dtype anyway); None keeps the parameters' dtype."""
-        training = self.config.training
-        if training.dtype == "float32" and training.mixed_precision_param == "bfloat16":
-            return torch.bfloat16
-        return None
 
     def _compute_context(self) -> contextlib.AbstractContextManager:
         """Around every pass of a step or scoring call, backward passes included (activation

@@ -37,6 +37,7 @@ import logging
 import time
 from typing import Any, Literal
 
+import torch
 from monarch.actor import concurrent_endpoint, endpoint
 from pydantic import Field, model_validator
 
@@ -46,6 +47,7 @@ from forge.controller.liveness import CallDeadline, Probe
 from forge.data.chat_prompts import ChatTemplateSetting, Prompt, PromptRenderer, RenderedPrompt
 from forge.data.types import Completion
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams, sample_seed, to_completions
+from forge.engines.lora_sync import AdapterSync, LoraSyncMode, MergeOnArrival
 from forge.engines.vllm_config import UpdateMode, VLLMConfig
 from forge.observability import Reduce, record_metric
 from forge.weight_sync import WeightPuller, build_transport
@@ -85,6 +87,11 @@ class GeneratorConfig(ForgeConfigModel):
     # Compare an exact checksum of every received version with the trainer's (costs one pass
     # over the weights on each side per sync; for debugging a transport).
     verify_weights: bool = False
+    # With LoRA (trainer.engine.lora) the trainer publishes its adapters alone, and this is how the
+    # generator takes them (forge.engines.lora_sync): `merge` them into its weights on arrival
+    # (any engine), or `vllm_lora`: vLLM serves them with its own LoRA support (vLLM only; drain
+    # updates only). None: merge when the trainer has LoRA.
+    lora_sync: LoraSyncMode | None = None
     # Liveness (forge.controller.liveness): a generate call that misses its deadline, or an idle
     # replica that misses a probe, has hung: it is killed and replaced (replicas > 1), or the
     # run stops naming it.
@@ -101,6 +108,23 @@ class GeneratorConfig(ForgeConfigModel):
                 raise ValueError(
                     f"{setting} needs generator.engine=vllm (the hf engine samples synchronously)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_lora_needs_vllm_drain(self) -> GeneratorConfig:
+        if self.lora_sync != "vllm_lora":
+            return self
+        if self.engine == "hf":
+            raise ValueError(
+                "generator.lora_sync=vllm_lora is vLLM's own LoRA serving, and generator.engine is hf: "
+                "set generator.engine=vllm, or generator.lora_sync=merge"
+            )
+        if self.update_mode == "in_flight":
+            raise ValueError(
+                "generator.lora_sync=vllm_lora with generator.update_mode=in_flight: a running request "
+                "keeps the LoRA adapter it started with, so it cannot change weights in flight; use "
+                "generator.update_mode=drain, or generator.lora_sync=merge"
+            )
         return self
 
     @model_validator(mode="after")
@@ -122,13 +146,22 @@ def resolve_engine(engine: str) -> str:
     return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") else "hf"
 
 
-def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None, tokenizer=None):
+def build_generation_engine(
+    cfg: GeneratorConfig, eos_token_id: int | None, tokenizer=None, lora: AdapterSync | None = None
+):
     """The engine named by `cfg.engine` (engines are imported lazily, only when chosen);
-    `tokenizer` lets it apply stop strings (`sampling.stop`)."""
+    `tokenizer` lets it apply stop strings (`sampling.stop`); `lora` in mode vllm_lora starts
+    vLLM with LoRA on."""
     import torch
 
     engine = resolve_engine(cfg.engine)
     logger.info("generator engine: %s (generator.engine=%s)", engine, cfg.engine)
+    vllm_lora = lora is not None and lora.mode == "vllm_lora"
+    if vllm_lora and engine != "vllm":
+        raise ValueError(
+            f"generator.lora_sync=vllm_lora needs the vLLM engine; generator.engine={cfg.engine} took "
+            f"{engine}: set generator.engine=vllm, or generator.lora_sync=merge"
+        )
     if engine == "vllm":
         from forge.engines.vllm import VLLMEngine
 
@@ -139,6 +172,7 @@ def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None, toke
             eos_token_id=eos_token_id,
             tokenizer=tokenizer,
             update_mode=cfg.update_mode,
+            lora=lora if vllm_lora else None,
         )
 
     from transformers import AutoModelForCausalLM
@@ -160,11 +194,14 @@ def build_generation_engine(cfg: GeneratorConfig, eos_token_id: int | None, toke
 
 
 class Generator(ForgeActor):
-    def __init__(self, cfg: GeneratorConfig, follows_policy: bool = True):
+    def __init__(self, cfg: GeneratorConfig, follows_policy: bool = True, lora: AdapterSync | None = None):
         self.cfg = cfg
         # False: a frozen model (a judge, forge.actors.reward_models) that never loads the
         # weights the trainer publishes.
         self.follows_policy = follows_policy
+        # With LoRA the trainer publishes its adapters alone, taken as `lora.mode` says
+        # (forge.engines.lora_sync); None: it publishes the whole model.
+        self.lora = lora
         self.version = 0
         self._unkeyed_calls = 0
         self._follower: asyncio.Task | None = None  # in flight: loads versions as they come
@@ -178,8 +215,19 @@ class Generator(ForgeActor):
         check_model_dir(self.cfg.model_path, "generator.model_path")
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
         self.renderer = PromptRenderer(self.tokenizer, self.cfg.chat_template, "generator.chat_template")
-        self.engine = build_generation_engine(self.cfg, self.tokenizer.eos_token_id, self.tokenizer)
+        self.engine = build_generation_engine(
+            self.cfg, self.tokenizer.eos_token_id, self.tokenizer, self.lora
+        )
         self._weights = None  # receive buffers, allocated on the first update
+        self._merge = None
+        if self.follows_policy and self.lora is not None and self.lora.mode == "merge":
+            self._merge = MergeOnArrival.from_checkpoint(
+                self.lora,
+                self.cfg.model_path,
+                self.engine.hf_weight_shapes(),
+                getattr(torch, self.cfg.dtype),
+                self.engine.receive_device,
+            )
         self._puller = WeightPuller(
             build_transport(self.cfg.weight_transport), verify=self.cfg.verify_weights
         )
@@ -242,7 +290,10 @@ class Generator(ForgeActor):
 
     def _receive_buffers(self) -> dict:
         if self._weights is None:
-            self._weights = self.engine.hf_state_dict_template()
+            if self.lora is None:
+                self._weights = self.engine.hf_state_dict_template()
+            else:
+                self._weights = self.lora.template(self.engine.hf_weight_shapes(), self.engine.receive_device)
         return self._weights
 
     async def _pick_up_newest(self, min_version: int) -> None:
@@ -257,12 +308,25 @@ class Generator(ForgeActor):
 
     async def _load_received(self, version: int, started: float) -> None:
         """Loads the receive buffers into the engine as `version` (under `self._loading`)."""
-        if isinstance(self.engine, ConcurrentGenerationEngine):
-            # Returns once the requests running now have finished and the weights are in.
-            await self.engine.load_hf_state_dict_async(self._weights, version)
-            record_metric("generator/weight_load_ms", self.engine.last_load_seconds * 1e3, Reduce.MEAN)
+        engine = self.engine
+        if self._merge is not None:
+            merge_started = time.perf_counter()
+            # In a thread: the merge of a large model takes a while, and requests keep coming.
+            merged = await asyncio.to_thread(self._merge, self._weights)
+            record_metric("generator/lora_merge_ms", (time.perf_counter() - merge_started) * 1e3, Reduce.MEAN)
+        if isinstance(engine, ConcurrentGenerationEngine):
+            # Each returns once the requests running now have finished and the weights are in.
+            if self._merge is not None:
+                await engine.load_hf_weights_async(merged, version)
+            elif self.lora is not None:  # vllm_lora
+                await engine.load_adapter_async(self._weights, version)
+            else:
+                await engine.load_hf_state_dict_async(self._weights, version)
+            record_metric("generator/weight_load_ms", engine.last_load_seconds * 1e3, Reduce.MEAN)
+        elif self._merge is not None:
+            engine.load_hf_weights(merged)
         else:
-            self.engine.load_hf_state_dict(self._weights)
+            engine.load_hf_state_dict(self._weights)
         self.version = version
         record_metric("generator/version", version, Reduce.MAX)
         record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)

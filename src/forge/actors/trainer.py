@@ -118,13 +118,26 @@ class TitanTrainer(ForgeActor):
     @endpoint
     async def push_weights(self, version: int) -> None:
         """Publishes the current weights (HF names) as `version`: returns once they are copied,
-        the store transfer goes on in the background (`wait_published` waits for it)."""
+        the store transfer goes on in the background (`wait_published` waits for it). With LoRA
+        only the adapters are published (`forge.engines.lora_sync`): generators hold the base."""
         with record_function("forge.push_weights"):
             await self._push_weights(version)
 
     async def _push_weights(self, version: int) -> None:
-        dtype = getattr(torch, self.weights_dtype) if self.weights_dtype else None
         started = time.perf_counter()
+        if self.engine.adapters is not None:
+            # In their own dtype, not the generator's: the generator's merge must round as the
+            # trainer's does. Small enough to gather whole, on any transport.
+            adapters = self.engine.hf_adapter_state_dict()  # a collective: every rank gathers
+            if self.rank == 0:
+                await self.publisher.publish(version, adapters)
+        else:
+            await self._push_model_weights(version)
+        if self.rank == 0:
+            record_metric("trainer/push_weights_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
+
+    async def _push_model_weights(self, version: int) -> None:
+        dtype = getattr(torch, self.weights_dtype) if self.weights_dtype else None
         shards = self.engine.hf_row_shards(dtype) if self.publisher.publishes_rows else None
         if shards is not None:  # each rank its own rows, in its own slots: nothing gathered
             part = await self.publisher.stage_rows(version, shards.tensors, shards.first_rows)
@@ -135,8 +148,6 @@ class TitanTrainer(ForgeActor):
             state_dict = self.engine.hf_state_dict(dtype)  # a collective: every rank gathers
             if self.rank == 0:
                 await self.publisher.publish(version, state_dict)
-        if self.rank == 0:
-            record_metric("trainer/push_weights_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
 
     @endpoint
     async def wait_published(self) -> None:

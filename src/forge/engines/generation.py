@@ -156,6 +156,20 @@ class GenerationEngine(ABC):
         """Copies the weights into the engine's parameters in place. Raises ``ValueError``
         naming missing/unexpected keys and shape mismatches, before copying anything."""
 
+    @abstractmethod
+    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Like ``load_hf_state_dict`` for some of the weights only (LoRA's merged layers,
+        ``forge.engines.lora_sync``); the others keep their values."""
+
+    @abstractmethod
+    def hf_weight_shapes(self) -> dict[str, torch.Size]:
+        """The shape of each weight ``load_hf_state_dict`` takes, by Hugging Face name."""
+
+    @property
+    @abstractmethod
+    def receive_device(self) -> torch.device:
+        """Where received weights go before they load (``hf_state_dict_template``'s device)."""
+
 
 class VersionedSamples(NamedTuple):
     """What a concurrent engine returns: the samples, and the weights version their first
@@ -196,6 +210,10 @@ class ConcurrentGenerationEngine(GenerationEngine):
         finished (requests that arrive meanwhile wait, then start on ``version``), in flight
         at the next step of the running ones. Returns when loaded. ``state_dict`` must not
         change until then."""
+
+    @abstractmethod
+    async def load_hf_weights_async(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """``load_hf_state_dict_async`` for some of the weights only (``load_hf_weights``)."""
 
 
 def to_completions(

@@ -82,6 +82,13 @@ class HFGenerateEngine(GenerationEngine):
     def device(self) -> torch.device:
         return self.model.device
 
+    @property
+    def receive_device(self) -> torch.device:
+        return self.model.device
+
+    def hf_weight_shapes(self) -> dict[str, torch.Size]:
+        return HFLayout.of_model(self.model).primary
+
     @torch.inference_mode()
     def generate(
         self,
@@ -216,6 +223,15 @@ class HFGenerateEngine(GenerationEngine):
         # named_parameters: each tied tensor once, under its primary name.
         for name, param in self.model.named_parameters():
             param.copy_(state_dict[name])
+
+    @torch.no_grad()
+    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copies ``weights`` (some of the parameters, by primary name) in place."""
+        if problems := HFLayout.of_model(self.model).problems(weights, partial=True):
+            raise mismatch_error(type(self.model).__name__, problems)
+        parameters = dict(self.model.named_parameters())
+        for name, tensor in weights.items():
+            parameters[name].copy_(tensor)
 
 
 def _row_uniforms(params: SamplingParams, keys: Sequence[int]) -> torch.Tensor:

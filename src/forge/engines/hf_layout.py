@@ -38,9 +38,10 @@ class HFLayout:
         """Empty tensors to receive a state dict in (primary parameters only)."""
         return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape in self.primary.items()}
 
-    def problems(self, state_dict: dict[str, torch.Tensor]) -> list[str]:
-        """What keeps `state_dict` from loading: missing, unexpected and misshapen parameters."""
-        missing = sorted(self.primary.keys() - state_dict.keys())
+    def problems(self, state_dict: dict[str, torch.Tensor], partial: bool = False) -> list[str]:
+        """What keeps `state_dict` from loading: missing (unless `partial`: some of the weights
+        only), unexpected and misshapen parameters."""
+        missing = [] if partial else sorted(self.primary.keys() - state_dict.keys())
         unexpected = sorted(state_dict.keys() - self.primary.keys() - self.aliases.keys())
         mismatched = [
             f"{name}: got {tuple(t.shape)}, expected {tuple(self.primary[name])}"

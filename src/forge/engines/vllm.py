@@ -42,12 +42,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,7 @@ from forge.engines.generation import (
     stop_strings,
 )
 from forge.engines.hf_layout import HFLayout, mismatch_error
+from forge.engines.lora_sync import AdapterSync
 from forge.engines.vllm_config import (
     UpdateMode,
     VLLMConfig,
@@ -81,7 +83,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _WeightUpdate:
-    state_dict: dict[str, torch.Tensor]
+    """New weights for ``version``: ``load`` puts them in, on the engine thread."""
+
+    load: Callable[[], None]
     version: int
     future: concurrent.futures.Future
 
@@ -119,11 +123,21 @@ class VLLMEngine(ConcurrentGenerationEngine):
         key: str = "generator",
         tokenizer=None,
         update_mode: UpdateMode = "drain",
+        lora: AdapterSync | None = None,
     ):
         from transformers import AutoConfig
 
         in_process()
+        if lora is not None and update_mode == "in_flight":
+            raise ValueError(
+                f"{key}.lora_sync=vllm_lora with {key}.update_mode=in_flight: a running request keeps the "
+                f"LoRA adapter it started with; use {key}.update_mode=drain"
+            )
         self.config = config or VLLMConfig()
+        # With LoRA (generator.lora_sync=vllm_lora): vLLM serves the base model with its LoRA
+        # support on, and each adapter version is added from memory (`load_adapter_async`).
+        self.lora = lora
+        self._lora_request = None  # the current version's adapter, once one is loaded
         self.key = key
         self.tokenizer = tokenizer
         self.model_path = model_path
@@ -165,6 +179,9 @@ class VLLMEngine(ConcurrentGenerationEngine):
         from vllm import LLM
 
         kwargs = llm_kwargs(self.model_path, self.config, self.dtype, self.on_gpu)
+        if self.lora is not None:
+            # One adapter at a time: drain updates load a version once no request runs on the last.
+            kwargs.update(enable_lora=True, max_lora_rank=self.lora.vllm_max_lora_rank, max_loras=1)
         if self.update_mode == "in_flight":
             kwargs["async_scheduling"] = False  # see the module docstring
         try:
@@ -276,7 +293,9 @@ class VLLMEngine(ConcurrentGenerationEngine):
             )
             # Outputs carry the id given here (0.32 also makes an internal one, for itself).
             request_id = f"{batch_id}-{index}"
-            self._llm.llm_engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
+            self._llm.llm_engine.add_request(
+                request_id, {"prompt_token_ids": prompt}, params, lora_request=self._lora_request
+            )
             running[request_id] = (batch, index)
 
     def _collect(self, output, running: dict[str, tuple[Batch, int]]) -> None:
@@ -289,9 +308,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         """Loads `update`; with `preempt`, the running requests recompute their cache under it."""
         started = time.perf_counter()
         try:
-            # vLLM's CPU model keeps lm_head apart from the embedding it is tied to: without
-            # the alias the head keeps its old weights (on GPU the loader skips it).
-            self._load(self._layout.named_tensors(update.state_dict))
+            update.load()
             # Cached prefixes (and, in flight, the running requests' caches) hold keys and values
             # of the old weights.
             if self._llm.reset_prefix_cache(reset_running_requests=preempt) is False:
@@ -302,6 +319,25 @@ class VLLMEngine(ConcurrentGenerationEngine):
             settle(update.future, error=e)
         else:
             settle(update.future)
+
+    def _add_adapter(self, adapters: dict[str, torch.Tensor], version: int) -> None:
+        """Adds ``adapters`` (one version's A and B, by Hugging Face module) to vLLM from memory under
+        LoRA id ``version + 1`` in place of the last version's, which no request runs on (drain),
+        and makes it the adapter of the requests admitted from now on."""
+        from vllm.lora.request import LoRARequest
+
+        # Copies: vLLM keeps the tensors it is given and copies them into its LoRA layers only
+        # when a request first runs on them, by which time the receive buffers may hold the next
+        # version. PEFT's names, which vLLM's adapter loader parses.
+        tensors = {f"base_model.model.{name}": t.detach().clone() for name, t in adapters.items()}
+        replaced = None if self._lora_request is None else self._lora_request.lora_int_id
+        self._llm.collective_rpc(
+            _add_lora_from_memory, args=(version + 1, replaced, self.lora.peft_config(), tensors)
+        )
+        # vLLM reads lora_path only for an adapter it does not hold, which never happens here.
+        self._lora_request = LoRARequest(
+            f"policy-v{version}", version + 1, f"forge-memory://policy-v{version}"
+        )
 
     def _sleep(self, command: _Sleep, asleep: bool) -> bool:
         """Puts vLLM to sleep or wakes it, as `command` asks; returns whether it is asleep."""
@@ -356,26 +392,51 @@ class VLLMEngine(ConcurrentGenerationEngine):
             return VersionedSamples(self.version, [])
         return await asyncio.wrap_future(self._generate_future(prompt_ids, params, sample_keys))
 
-    def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
+    @property
+    def receive_device(self) -> torch.device:
         # Beside vLLM's parameters when they are in this process: a received version then moves
         # device to device (slot to buffers, buffers to parameters), not down to the host and
         # back. Workers in other processes (tensor parallel) get the update pickled.
         in_process = loads_in_process(self.on_gpu, self.config.tensor_parallel_size)
-        return self._layout.template(self.dtype, "cuda" if in_process else "cpu")
+        return torch.device("cuda" if in_process else "cpu")
 
-    def _check_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        if problems := self._layout.problems(state_dict):
+    def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
+        return self._layout.template(self.dtype, self.receive_device)
+
+    def hf_weight_shapes(self) -> dict[str, torch.Size]:
+        return self._layout.primary
+
+    def _loading(self, weights: dict[str, torch.Tensor], partial: bool) -> Callable[[], None]:
+        """Checks ``weights`` here; returns what loads them on the engine thread."""
+        if problems := self._layout.problems(weights, partial):
             raise mismatch_error(f"vLLM's {self.hf_config.architectures}", problems)
+        # vLLM's CPU model keeps lm_head apart from the embedding it is tied to: without the
+        # alias the head keeps its old weights (on GPU the loader skips it).
+        named = list(weights.items()) if partial else self._layout.named_tensors(weights)
+        return functools.partial(self._load, named)
+
+    def _update(self, load: Callable[[], None], version: int) -> concurrent.futures.Future:
+        return self._submit(_WeightUpdate(load, version, concurrent.futures.Future()))
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self._check_state_dict(state_dict)
-        self._submit(_WeightUpdate(state_dict, self.version, concurrent.futures.Future())).result()
+        self._update(self._loading(state_dict, partial=False), self.version).result()
 
     async def load_hf_state_dict_async(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self._check_state_dict(state_dict)
-        await asyncio.wrap_future(
-            self._submit(_WeightUpdate(state_dict, version, concurrent.futures.Future()))
-        )
+        await asyncio.wrap_future(self._update(self._loading(state_dict, partial=False), version))
+
+    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self._update(self._loading(weights, partial=True), self.version).result()
+
+    async def load_hf_weights_async(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        await asyncio.wrap_future(self._update(self._loading(weights, partial=True), version))
+
+    async def load_adapter_async(self, adapters: dict[str, torch.Tensor], version: int) -> None:
+        """Serves ``adapters`` (A and B of each adapted layer, ``forge.engines.lora_sync``) on the base
+        model as ``version``, as ``load_hf_state_dict_async`` would the merged weights (drain)."""
+        if self.lora is None:
+            raise RuntimeError(f"{self.key}: vLLM was started without LoRA ({self.key}.lora_sync=vllm_lora)")
+        load = functools.partial(self._add_adapter, adapters, version)
+        await asyncio.wrap_future(self._update(load, version))
 
     async def sleep_async(self, asleep: bool) -> None:
         """Puts vLLM to sleep (its KV cache freed, its weights in host memory) or wakes it up,
@@ -396,3 +457,32 @@ class VLLMEngine(ConcurrentGenerationEngine):
 
 class _Stopped(Exception):
     pass
+
+
+def _add_lora_from_memory(
+    worker, lora_id: int, replaced_id: int | None, peft_config: dict, tensors: dict[str, torch.Tensor]
+) -> None:
+    """Runs on vLLM's worker: builds the adapter from ``tensors`` as vLLM's own loader builds it from
+    a PEFT directory (``WorkerLoRAManager._load_adapter``, which only adds reading the files) and
+    registers it under ``lora_id``, removing ``replaced_id``."""
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+
+    manager = worker.model_runner.lora_manager
+    peft_helper = PEFTHelper.from_dict(peft_config)
+    peft_helper.validate_legal(manager.lora_config)
+    model = manager._adapter_manager.model
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    lora = LoRAModel.from_lora_tensors(
+        lora_id,
+        tensors,
+        peft_helper,
+        device="cpu",
+        dtype=manager.lora_config.lora_dtype,
+        model_vocab_size=manager.vocab_size,
+        weights_mapper=None if mapper is None else mapper.get_rename_mapper(),
+        skip_prefixes=getattr(model, "lora_skip_prefixes", None),
+    )
+    if replaced_id is not None:
+        manager.remove_adapter(replaced_id)
+    manager._adapter_manager.add_adapter(lora)

@@ -6,12 +6,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from forge.actors.generator import GeneratorConfig
+from forge.actors.generator import GeneratorConfig, resolve_engine
 from forge.actors.reward import RewardConfig
 from forge.agents.config import AgentConfig
 from forge.config import ForgeConfigModel
 from forge.controller import ProvisionerConfig
 from forge.data.prompts import PromptDataConfig
+from forge.engines.lora_sync import AdapterSync
 from forge.engines.titan.config import ModelConfig, TitanEngineConfig
 from forge.envs.config import EnvConfig
 from forge.observability import MetricsConfig
@@ -202,6 +203,24 @@ class GRPOConfig(ForgeConfigModel):
                 f"({self.trainer.engine.training.seq_len}): the trainer could not read whole trajectories"
             )
         self._check_sleep_mode()
+        self._check_lora_sync()
+
+    def _check_lora_sync(self) -> None:
+        mode = self.generator.lora_sync
+        if mode is None:
+            return
+        if self.trainer.engine.lora is None or not self.trainer.enabled:
+            raise ValueError(
+                f"generator.lora_sync={mode} says how generators take the trainer's LoRA adapters, and "
+                "trainer.engine.lora is not set (or trainer.enabled is false): set trainer.engine.lora, "
+                "or remove generator.lora_sync"
+            )
+        if mode == "vllm_lora" and resolve_engine(self.generator.engine) != "vllm":
+            raise ValueError(
+                f"generator.lora_sync=vllm_lora needs the vLLM engine, and generator.engine="
+                f"{self.generator.engine} takes the native (hf) engine here (no CUDA or no vllm): set "
+                "generator.engine=vllm, or generator.lora_sync=merge"
+            )
 
     def _check_token_advantages(self) -> None:
         rollout = self.rollout
@@ -348,6 +367,14 @@ class GRPOConfig(ForgeConfigModel):
             kl_coef=self.rollout.kl_coef,
             distill_weight=self.distill.weight if self.distill is not None else 0.0,
         )
+
+    @property
+    def adapter_sync(self) -> AdapterSync | None:
+        """With LoRA, what the generators need to take the adapters the trainer publishes alone
+        (`forge.engines.lora_sync`); None without."""
+        if not self.trainer.enabled or self.trainer.engine.lora is None:
+            return None
+        return AdapterSync.of(self.trainer.engine, self.generator.lora_sync or "merge")
 
     @property
     def reference_in_trainer(self) -> bool:

@@ -52,8 +52,8 @@ async def launch_generator(cfg: GRPOConfig, gpus: bool, transport: str) -> Any:
     )
     generator_cfg = cfg.generator.model_copy(update={"weight_transport": transport})
     if cfg.generator.replicas > 1:
-        return await generators.as_service(generator_cfg, probe=cfg.generator.probe)
-    return await generators.as_actor(generator_cfg)
+        return await generators.as_service(generator_cfg, probe=cfg.generator.probe, lora=cfg.adapter_sync)
+    return await generators.as_actor(generator_cfg, lora=cfg.adapter_sync)
 
 
 async def launch_environments(cfg: GRPOConfig) -> ActorEnvironments | None:

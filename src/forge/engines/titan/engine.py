@@ -50,7 +50,7 @@ from forge.engines.titan.hf import (
 )
 from forge.engines.titan.job_config import build_job_config
 from forge.engines.titan.lora import AdapterWeights, LoraAdapters, is_adapter
-from forge.engines.titan.lora_export import write_peft_dir
+from forge.engines.titan.lora_export import hf_adapter_tensors, write_peft_dir
 from forge.engines.titan.packing import MicrobatchPlan, PackedRow
 from forge.engines.titan.parallelize import build_parallel_dims, parallelize
 from forge.engines.titan.row_shards import RowShards, hf_names, row_shards
@@ -86,7 +86,8 @@ class TitanEngine:
 
     With ``lora`` set (and ``trainable``) the model's linear layers get LoRA adapters
     (``forge.engines.titan.lora``): only they are trained, and whatever reads the weights
-    (``hf_state_dict``, ``hf_row_shards``, ``export_hf``) gets them merged into the base weights.
+    (``hf_state_dict``, ``hf_row_shards``, ``export_hf``) gets them merged into the base weights;
+    ``hf_adapter_state_dict`` gives them alone (what weight publishing sends).
     """
 
     def __init__(self, config: TitanEngineConfig, trainable: bool = True) -> None:
@@ -539,6 +540,19 @@ class TitanEngine:
             write_peft_dir(out_dir, self.adapters, adapters, self.adapter, base_model_name_or_path)
         dist.barrier()
         return Path(out_dir)
+
+    def hf_adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapters alone, full (every rank gathers), under the names of the Hugging Face
+        modules they adapt (``forge.engines.titan.lora_export.hf_adapter_tensors``), in their own
+        dtype: what weight publishing sends with LoRA. A generator merges them into its own copy
+        of the base as ``merged_weight`` does, so they travel unrounded."""
+        if self.adapters is None:
+            raise RuntimeError(
+                "hf_adapter_state_dict needs LoRA adapters: this engine was built without lora"
+            )
+        titan_sd = self._titan_state_dict()
+        adapters = {name: _gather(titan_sd[name].detach()) for name in self.adapters.names()}
+        return hf_adapter_tensors(self.adapters, adapters, self.adapter)
 
     @contextlib.contextmanager
     def adapters_disabled(self) -> Iterator[None]:

@@ -7,9 +7,10 @@ so the adapted model starts as its base model, exactly.
 The engine adds the adapters on the meta device, before parallelizing (FSDP shards them with
 their layers), and freezes every other parameter. An adapted layer keeps its weight and bias
 under their own names, so the model's state dict is the base model's plus ``lora_A`` and
-``lora_B`` entries. Whatever reads the weights by name (weight publishing, the Hugging Face
-export, checksums) is given the merged weights ``W + scaling * B A`` under the base names
-(``LoraAdapters.merged``); a run checkpoint holds the adapters alone (``AdapterWeights``).
+``lora_B`` entries. Whatever reads the weights by name (the Hugging Face export, checksums) is
+given the merged weights ``W + scaling * B A`` under the base names (``LoraAdapters.merged``);
+weight publishing sends the adapters alone (``forge.engines.lora_sync``), and so does a run
+checkpoint (``AdapterWeights``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 from torchtitan.protocols.state_dict_adapter import BaseStateDictAdapter
 
+from forge.engines.lora_sync import merge
 from forge.engines.titan.config import LORA_LAYER_NAMES, LoraConfig
 
 _ADAPTER_SUFFIXES = (".lora_A", ".lora_B")
@@ -184,12 +186,11 @@ class LoraAdapters:
 def merged_weight(
     weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
 ) -> torch.Tensor:
-    """``weight + scaling * lora_b @ lora_a``, computed in float32, in the dtype of the weight
-    or the adapters, whichever is wider. FSDP shards ``weight`` and ``lora_b`` alike, by their
-    common rows: each rank merges its own rows, with the whole of ``lora_a`` (``rank`` rows)."""
-    dtype = torch.promote_types(weight.dtype, lora_b.dtype)
-    rows = _local(weight).float() + scaling * (_local(lora_b).float() @ _whole(lora_a).float())
-    rows = rows.to(dtype)
+    """``weight + scaling * lora_b @ lora_a`` (``forge.engines.lora_sync.merge``, which a generator
+    merging the published adapters on arrival computes too). FSDP shards ``weight`` and ``lora_b``
+    alike, by their common rows: each rank merges its own rows, with the whole of ``lora_a``
+    (``rank`` rows)."""
+    rows = merge(_local(weight), _whole(lora_a), _local(lora_b), scaling)
     if isinstance(weight, DTensor):
         return DTensor.from_local(
             rows, weight.device_mesh, weight.placements, shape=weight.shape, stride=weight.stride()

@@ -52,15 +52,24 @@ def peft_state_dict(
     adapters: LoraAdapters, tensors: dict[str, torch.Tensor], state_dict_adapter: BaseStateDictAdapter
 ) -> dict[str, torch.Tensor]:
     """The adapters under PEFT's names, on the CPU."""
+    return {
+        f"base_model.model.{name}": t.cpu().contiguous()
+        for name, t in hf_adapter_tensors(adapters, tensors, state_dict_adapter).items()
+    }
+
+
+def hf_adapter_tensors(
+    adapters: LoraAdapters, tensors: dict[str, torch.Tensor], state_dict_adapter: BaseStateDictAdapter
+) -> dict[str, torch.Tensor]:
+    """The adapters (full tensors under torchtitan's names) under the names of the Hugging Face
+    modules they adapt, ``<module>.lora_A.weight`` and ``<module>.lora_B.weight``, with ``B``'s rows
+    in Hugging Face's order; on their own device and in their own dtype."""
     state = {}
     for name, hf_module in adapters.hf_modules.items():
-        prefix = f"base_model.model.{hf_module}"
         lora_a, lora_b = tensors[f"{name}.lora_A"], tensors[f"{name}.lora_B"]
-        state[f"{prefix}.lora_A.weight"] = lora_a.cpu().contiguous()
+        state[f"{hf_module}.lora_A.weight"] = lora_a.contiguous()
         in_features = adapters.layers[name].in_features
-        state[f"{prefix}.lora_B.weight"] = _in_hf_row_order(
-            lora_b.cpu(), name, in_features, state_dict_adapter
-        )
+        state[f"{hf_module}.lora_B.weight"] = _in_hf_row_order(lora_b, name, in_features, state_dict_adapter)
     return state
 
 
@@ -72,7 +81,7 @@ def _in_hf_row_order(
     goes through the adapter in the weight's place, padded with zero columns to its shape."""
     parts = []
     for part in lora_b.split(in_features, dim=1):
-        padded = torch.zeros(lora_b.shape[0], in_features, dtype=lora_b.dtype)
+        padded = torch.zeros(lora_b.shape[0], in_features, dtype=lora_b.dtype, device=lora_b.device)
         padded[:, : part.shape[1]] = part
         (converted,) = state_dict_adapter.to_hf({f"{name}.weight": padded}).values()
         parts.append(converted[:, : part.shape[1]])

@@ -29,3 +29,33 @@ def test_sleeping_through_train_steps_needs_a_serial_pipeline_on_one_gpu(write_g
     with pytest.raises(SystemExit):
         load(write_grpo_config, *sleep, "provisioner.colocate=true", "generator.replicas=2")
     assert "generator.replicas is 2: use 1" in capsys.readouterr().err
+
+
+def test_lora_sync_needs_lora_and_vllm_lora_needs_vllm_draining(write_grpo_config, capsys):
+    lora = "trainer.engine.lora.rank=8"
+    assert load(write_grpo_config, lora).adapter_sync.mode == "merge"  # the default with LoRA
+    assert load(write_grpo_config).adapter_sync is None
+    sync = load(
+        write_grpo_config, lora, "generator.engine=vllm", "generator.lora_sync=vllm_lora"
+    ).adapter_sync
+    assert (sync.mode, sync.rank, sync.vllm_max_lora_rank) == ("vllm_lora", 8, 8)
+
+    refused = {
+        ("generator.lora_sync=merge",): "generator.lora_sync=merge says how generators take the trainer's "
+        "LoRA adapters, and trainer.engine.lora is not set",
+        (lora, "generator.lora_sync=vllm_lora", "generator.engine=hf"): "generator.lora_sync=vllm_lora is "
+        "vLLM's own LoRA serving, and generator.engine is hf",
+        # No CUDA here: auto takes the native engine.
+        (lora, "generator.lora_sync=vllm_lora"): "generator.lora_sync=vllm_lora needs the vLLM engine, and "
+        "generator.engine=auto takes the native (hf) engine here",
+        (
+            lora,
+            "generator.lora_sync=vllm_lora",
+            "generator.engine=vllm",
+            "generator.update_mode=in_flight",
+        ): "generator.lora_sync=vllm_lora with generator.update_mode=in_flight",
+    }
+    for overrides, message in refused.items():
+        with pytest.raises(SystemExit):
+            load(write_grpo_config, *overrides)
+        assert message in capsys.readouterr().err

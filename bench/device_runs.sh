@@ -8,6 +8,10 @@
 #               bench/gpu_throughput.py on GPU 0 (every actor there), vLLM, the trl preset; keeps
 #               each run's metrics.jsonl, the trainer's profile (trainer.profile_step=N) and the
 #               log with torch.compile's recompiles.
+#   lora SIZE STEPS [override ...]
+#               `app` with full fine-tuning (age1-drain) and LoRA (rank 32, all linear layers) whose
+#               adapters the generator merges (age1-drain-lora-merge) or vLLM serves as a LoRA
+#               (age1-drain-lora-vllm_lora): the comparison of issue 30's sync modes
 #   scaling SIZE PRESET PLACEMENTS  bench/gpu_throughput.py on the placements (comma-separated,
 #               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, VARIANT (age1-drain), STEPS steps (6)
 #               timed from step TIMED_FROM (3); results.json and each run's metrics to OUT_DIR
@@ -17,7 +21,7 @@
 #   demo        configs/grpo/gpu_demo.yaml, trainer on GPU 0 and generator on GPU 1
 #   qwen17 [override ...]  configs/grpo/qwen3_1_7b.yaml as shipped (trainer and generator on a GPU each), a random 1.7B policy, 10 steps
 set -uo pipefail
-run=${1:?usage: bench/device_runs.sh app|scaling|vllm_tp|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
+run=${1:?usage: bench/device_runs.sh app|lora|scaling|vllm_tp|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
 out=${2:?usage: bench/device_runs.sh RUN OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -48,6 +52,10 @@ case $run in
         grep -i "recompil" "$out/app.log" | tail -20
         tail -30 "$out/app.log"
         exit $status ;;
+    lora)
+        size=${1:?lora SIZE STEPS} steps=${2:?lora SIZE STEPS}
+        shift 2
+        exec bash "$0" app "$out" "$size" age1-drain,age1-drain-lora-merge,age1-drain-lora-vllm_lora "$steps" "$@" ;;
     scaling)
         size=${1:?scaling SIZE PRESET PLACEMENTS} preset=${2:?} placements=${3:?}
         shift 3

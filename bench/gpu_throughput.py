@@ -30,6 +30,8 @@ Columns, means over the steps after the second (the first two include warm-up):
   a publish to the generator sampling with it (one host: the CUDA IPC handle carries the time),
   over the replicas; last ready ms: the same for the last replica to be ready;
   these three are medians (the second version's load also checks the copy plan, once);
+- sync MB: the bytes a weight publish moved (with LoRA: the adapters alone); merge ms: with
+  `generator.lora_sync=merge`, the generator's merge of a version into its weights (before the load);
 - GPU util %: mean over the timed steps; GPU mem GiB: peak over the run, per GPU.
 - tok/s/GPU: tok/s over the GPUs the run used; efficiency: tok/s/GPU over the 1gpu run's
   (the same size, preset and variant).
@@ -53,6 +55,12 @@ AGE0 = ["replay_buffer.max_policy_age=0", "rollout.threads=1"]
 AGE1 = ["replay_buffer.max_policy_age=1", "rollout.threads=2"]
 # Three steps' batches in flight: what keeps 4 replicas of a quarter of a step each busy.
 AGE2 = ["replay_buffer.max_policy_age=2", "rollout.threads=3"]
+LORA = [
+    "trainer.engine.lora.rank=32",
+    "trainer.engine.lora.alpha=64",
+    "trainer.engine.optimizer.lr=1e-5",
+    "trainer.engine.training.compile=false",
+]
 VARIANTS = {
     "age0-drain": AGE0 + ["generator.update_mode=drain"],
     "age0-in_flight": AGE0 + ["generator.update_mode=in_flight"],
@@ -70,6 +78,12 @@ VARIANTS = {
     ],
     # vLLM sleeps through each train step (its KV cache freed, weights in host memory).
     "age0-sleep": AGE0 + ["generator.update_mode=drain", "generator.vllm.sleep_during_train=true"],
+    # LoRA as configs/grpo/qwen3_8b_lora.yaml trains it (rank 32, alpha 64, every linear layer of
+    # the blocks, not compiled), the adapters alone published, taken each way (issue 30: "whichever
+    # is faster end to end; measure both"), against age1-drain's full fine-tuning.
+    "age1-drain-lora-merge": AGE1 + ["generator.update_mode=drain", *LORA, "generator.lora_sync=merge"],
+    "age1-drain-lora-vllm_lora": AGE1
+    + ["generator.update_mode=drain", *LORA, "generator.lora_sync=vllm_lora"],
 }
 
 
@@ -286,6 +300,9 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int) ->
         "ready ms": over_steps("generator/publish_to_ready_ms", statistics.median),
         "last ready ms": over_steps("generator/publish_to_ready_max_ms", statistics.median),
         "sleep+wake ms": over_steps("generator/sleep_ms") + over_steps("generator/wake_ms"),
+        # What a publish moved (the adapters alone with LoRA) and, merging on arrival, the merge.
+        "sync MB": over_steps("weight_sync/publish_bytes") / 1e6,
+        "merge ms": over_steps("generator/lora_merge_ms", statistics.median),
         **gpu.summary(previous["time"], timed[-1]["time"]),
     }
 

@@ -19,6 +19,9 @@ change with it:
   version's handle of all of them (`publish_parts`), and each generator copies every rank's
   rows into place (`forge.store.cuda_ipc.PartsHandle`).
 
+With LoRA the trainer publishes its adapters alone (`forge.engines.lora_sync`): the same
+versions, keys and checksums, a few tens of MB where the model is GBs.
+
 Each sync reports its bytes, seconds and GB/s: `weight_sync/publish_*` from the trainer,
 `weight_sync/pull_*` from each generator. Verify mode (`generator.verify_weights`) also stores
 an exact checksum of each version's bytes beside it, and the puller compares it with the

@@ -18,7 +18,9 @@ get the tokenizer for them.
 
 Weights: before each request the generator loads the newest complete version in the store,
 if there is a newer one (`forge.weight_sync.WeightPuller`); a request can ask for at least
-`min_version` and then waits for it. `update_weights(v)` loads exactly `v`.
+`min_version` and then waits for it. `update_weights(v)` loads exactly `v`. With LoRA a version
+is the trainer's adapters alone, merged into the engine's weights or served by vLLM as a LoRA
+adapter (`generator.lora_sync`, `forge.engines.lora_sync`).
 
 `generate` and `generate_batch` are concurrent endpoints: each call runs as its own task, so
 the rollout loops' calls reach the engine together. The vLLM engine serves them in shared

@@ -20,7 +20,6 @@ B starts at zero, so version 0 (and any version with B = 0) is the base model ex
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,8 +30,6 @@ LoraSyncMode = Literal["merge", "vllm_lora"]
 
 # vLLM's LoRA layers are allocated for one of these ranks (vllm.config.lora.MaxLoRARanks, 0.32).
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 
 
 def merge(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -111,13 +108,6 @@ class AdapterSync:
         }
 
 
-def adapter_modules(adapters: Iterable[str]) -> list[str]:
-    """The adapted modules' names, from the adapters' names (each module once, in order)."""
-    return list(
-        dict.fromkeys(name.removesuffix(s) for name in adapters for s in _SUFFIXES if name.endswith(s))
-    )
-
-
 class MergeOnArrival:
     """``generator.lora_sync=merge``: the base weights of the adapted layers, read once from the
     generator's checkpoint, and the merged weights of each version made from them.
@@ -150,16 +140,13 @@ class MergeOnArrival:
         device: torch.device | str = "cpu",
     ) -> MergeOnArrival:
         """Reads the adapted weights of ``weight_shapes`` from the checkpoint at ``model_path``."""
-        names = set(sync.adapted_weights(weight_shapes))
-        base = _read_safetensors(model_path, names)
-        pin = torch.cuda.is_available()
-        base = {
-            name: base[name].to(getattr(torch, sync.base_dtype)).pin_memory()
-            if pin
-            else base[name].to(getattr(torch, sync.base_dtype))
-            for name in weight_shapes
-            if name in names
-        }
+        names = list(sync.adapted_weights(weight_shapes))
+        read = _read_safetensors(model_path, set(names))
+        base = {}
+        for name in names:  # the engine's order, which a loader may depend on
+            base[name] = read.pop(name).to(getattr(torch, sync.base_dtype))
+            if torch.cuda.is_available():  # host-to-device copies at full speed
+                base[name] = base[name].pin_memory()
         return cls(sync, base, dtype, device)
 
     @torch.no_grad()

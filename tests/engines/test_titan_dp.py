@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from titan_testing import lm_batch, masked_ce
 
+from forge.engines.lora_sync import AdapterSync, MergeOnArrival
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
 from forge.rl.batch import PolicyBatch
@@ -88,6 +89,15 @@ def run_rank(rank: int, init_dir: str, out_dir: str, lora: bool) -> None:
                         whole[f"{module}.lora_B"] @ whole[f"{module}.lora_A"]
                     )
                     torch.testing.assert_close(full[f"{hf_module}.weight"], merged, rtol=0, atol=1e-6)
+                # What the ranks publish (the adapters, gathered whole), merged by a generator onto
+                # the checkpoint's base (bfloat16, as the trainer keeps it): the same weights.
+                adapters = engine.hf_adapter_state_dict()
+                sync = AdapterSync.of(engine.config, "merge")
+                shapes = {name: t.shape for name, t in full.items()}
+                on_arrival = MergeOnArrival.from_checkpoint(sync, init_dir, shapes, torch.float32)(adapters)
+                assert len(on_arrival) == len(engine.adapters.hf_modules)
+                for name, tensor in on_arrival.items():
+                    torch.testing.assert_close(tensor, full[name], rtol=0, atol=1e-6)
             engine.save_to(Path(out_dir) / "trainer", extra_state={"cursor": step})
             after_save = engine.train_step(batch, masked_ce)["train/loss"]
             assert engine.load_from(Path(out_dir) / "trainer") == {"cursor": step} and engine.step == step

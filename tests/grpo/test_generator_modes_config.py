@@ -59,3 +59,15 @@ def test_lora_sync_needs_lora_and_vllm_lora_needs_vllm_draining(write_grpo_confi
         with pytest.raises(SystemExit):
             load(write_grpo_config, *overrides)
         assert message in capsys.readouterr().err
+
+
+def test_with_lora_the_generator_serves_the_trainers_base(write_grpo_config, tmp_path, capsys):
+    """The generators apply the adapters to their own checkpoint: another one is refused."""
+    other = f"generator.model_path={tmp_path}"
+    assert load(write_grpo_config, other).generator.model_path == str(tmp_path)  # no LoRA: any
+    with pytest.raises(SystemExit):
+        load(write_grpo_config, "trainer.engine.lora.rank=8", other)
+    assert (
+        f"generator.model_path ({tmp_path}) differs from trainer.engine.model.hf_path"
+        in capsys.readouterr().err
+    )

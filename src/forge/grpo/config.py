@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -206,6 +207,21 @@ class GRPOConfig(ForgeConfigModel):
         self._check_lora_sync()
 
     def _check_lora_sync(self) -> None:
+        if self.trainer.enabled and self.trainer.engine.lora is not None:
+            # The generators apply the trainer's adapters to their own checkpoint: it must be the
+            # base the trainer adapts (before adapter sync a generator's weights were replaced whole).
+            model = self.trainer.engine.model
+            trainer_base = model.hf_path if "hf_path" in model.model_fields_set else self.policy_path
+            generator_base = self.generator.model_path or self.policy_path
+            if trainer_base is not None and os.path.realpath(trainer_base) != os.path.realpath(
+                generator_base
+            ):
+                raise ValueError(
+                    f"generator.model_path ({generator_base}) differs from trainer.engine.model.hf_path "
+                    f"({trainer_base}): with trainer.engine.lora the generators receive the adapters alone "
+                    "and apply them to their own checkpoint, which must be the trainer's base; leave "
+                    "generator.model_path unset"
+                )
         mode = self.generator.lora_sync
         if mode is None:
             return

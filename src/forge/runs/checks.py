@@ -30,6 +30,8 @@ def check_run_inputs(cfg: GRPOConfig) -> None:
     check_policy_model(cfg, len(tokenizer))
     if cfg.distill is not None:
         check_teacher(cfg.distill.teacher_path, cfg.generator.model_path, tokenizer)
+    if cfg.critic is not None and cfg.critic.path is not None:
+        check_model_dir(cfg.critic.path, "critic.path")
     train, evaluation = load_prompt_rows(cfg.dataset)  # raises on a missing column or no prompts
     seq_len, max_tokens = cfg.trainer.engine.training.seq_len, cfg.generator.sampling.max_tokens
     if cfg.agent is not None:

@@ -23,8 +23,9 @@ def policy_settings(model_cfg) -> dict[str, Any]:
 
 def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
     """Per trainer GPU: the policy's weights, gradients and two AdamW moments in the training
-    dtype, and the weights of the reference model and of the teacher (distill) where there are
-    any (they share the trainer's GPUs), over the FSDP shards. A floor: activations come on top."""
+    dtype, the weights of the reference model and of the teacher (distill) where there are any,
+    and the critic's weights, gradients and moments where there is one (they share the trainer's
+    GPUs), over the FSDP shards. A floor: activations come on top."""
     from forge.engines.titan.checkpoint_model import parameter_count, read_checkpoint_model
 
     engine = cfg.trainer.engine
@@ -35,6 +36,9 @@ def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
     parameters = parameter_count(settings) * copies
     if cfg.distill is not None:
         parameters += parameter_count(read_checkpoint_model(cfg.distill.teacher_path).settings)
+    if cfg.critic is not None:
+        critic = settings if cfg.critic.path is None else read_checkpoint_model(cfg.critic.path).settings
+        parameters += parameter_count(critic) * 4
     return parameters * itemsize / shards / 2**30
 
 

@@ -384,7 +384,7 @@ def test_a_teacher_that_cannot_be_used_is_refused_before_start(
     [
         (
             ["rollout.kl_coef=0.1"],
-            "rollout.kl_coef (0.1) is REINFORCE++'s KL penalty in the reward, and rollout.advantage is grpo",
+            "rollout.kl_coef (0.1) is a KL penalty in the token rewards, and rollout.advantage is grpo",
         ),
         (
             ["rollout.advantage=reinforce_pp", "rollout.kl_coef=0.1", "reference.enabled='off'"],

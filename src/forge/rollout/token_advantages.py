@@ -66,7 +66,8 @@ class TokenAdvantages:
         ``returns``). ``teacher_logprobs``: the teacher's logprob of each response token of each
         episode (needed with a ``distill_weight``); ``values``: the critic's value of each (needed
         with ``gae``). Records ``distill/reverse_kl``: each episode's mean of ``generator -
-        teacher`` logprob over its sampled tokens, averaged over the episodes."""
+        teacher`` logprob over its sampled tokens, averaged over the episodes; with ``gae``,
+        ``critic/explained_variance`` of the returns by the values over the rollout."""
         if not episodes:
             return
         if self.distill_weight and teacher_logprobs is None:

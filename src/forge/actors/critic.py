@@ -4,7 +4,10 @@ Placed as the reference model is (forge.actors.reference): on the trainer's proc
 and GPUs, with the trainer's parallelism, so that it takes the trainer's data-parallel batches
 as they are. Every endpoint is called on all ranks. ``values`` gets every completion on every
 rank and returns this rank's data-parallel share; ``critic_values``, the caller's side, joins
-the shares back in the completions' order.
+the shares back in the completions' order. The rollouts ask for values while the training loop
+trains (with stale episodes allowed): the engine computes one call at a time, in the order the
+calls came, so that no forward reads weights an optimizer step is changing and every rank runs
+its collectives in the same order.
 """
 
 from __future__ import annotations
@@ -33,13 +36,15 @@ class Critic(ForgeActor):
 
         self.engine = ValueEngine(self.engine_config)
         self.loss_fn = ValueLoss(self.value_clip)
+        self.busy = asyncio.Lock()
 
     @endpoint
     async def values(self, completions: list[Completion]) -> Share:
         """This rank's data-parallel share of the completions' response-token values."""
         from forge.engines.titan.value import share_values
 
-        return await asyncio.to_thread(share_values, self.engine, completions)
+        async with self.busy:
+            return await asyncio.to_thread(share_values, self.engine, completions)
 
     @endpoint
     async def train_step(self, batches: list[PolicyBatch]) -> dict[str, float]:
@@ -47,9 +52,9 @@ class Critic(ForgeActor):
         the trainer's batches (with ``values`` and ``returns``). Records ``critic/*`` metrics."""
         from forge.engines.titan.value import critic_metrics
 
-        metrics = critic_metrics(
-            await asyncio.to_thread(self.engine.train_step, batches[self.engine.dp_rank], self.loss_fn)
-        )
+        async with self.busy:
+            step = await asyncio.to_thread(self.engine.train_step, batches[self.engine.dp_rank], self.loss_fn)
+        metrics = critic_metrics(step)
         if current_rank().rank == 0:
             for key, value in metrics.items():
                 record_metric(key, value, Reduce.MEAN)

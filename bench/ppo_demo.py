@@ -70,7 +70,9 @@ def main() -> None:
     )
     ppo = accuracies(ppo_dir)
 
-    print(f"\nPPO with a critic at group_size 1 against GRPO (group_size 16), {args.steps} steps from the warm start")
+    print(
+        f"\nPPO with a critic at group_size 1 against GRPO (group_size 16), {args.steps} steps from the warm start"
+    )
     print("| run | start acc | final acc | gain |")
     print("|---|---:|---:|---:|")
     for name, curve in (("GRPO, groups of 16", grpo), ("PPO + critic, group_size 1", ppo)):

@@ -357,11 +357,12 @@ def test_an_agent_function_that_cannot_be_used_is_refused_before_start(write_grp
     assert "are two sources of episodes: set one" in err
 
 
-def test_a_teacher_that_cannot_be_used_is_refused_before_start(
+def test_a_teacher_or_critic_that_cannot_be_used_is_refused_before_start(
     write_grpo_config, tiny_policy, tmp_path, capsys
 ):
     """distill: a missing teacher_path key, a directory that does not exist, and a teacher whose
-    tokenizer is not the policy's (named with both paths and what differs)."""
+    tokenizer is not the policy's (named with both paths and what differs); a critic checkpoint
+    (critic.path) likewise."""
     config = write_grpo_config()
     message = refused_before_start(capsys, config, "distill={weight: 0.5}")
     assert "missing required key 'distill.teacher_path'" in message
@@ -380,6 +381,12 @@ def test_a_teacher_that_cannot_be_used_is_refused_before_start(
     assert f"the teacher's tokenizer ({teacher}) is not the policy's ({tiny_policy})" in message
     assert f"{size} vs {size + 1} tokens" in message
     assert f"'<teacher-only>': None vs {size}" in message
+    # A critic's checkpoint (critic.path) reads the policy's token ids too.
+    critic = ["rollout.advantage=gae", f"critic.path={teacher}"]
+    message = refused_before_start(capsys, config, *critic)
+    assert f"critic.path: the critic's tokenizer ({teacher}) is not the policy's ({tiny_policy})" in message
+    message = refused_before_start(capsys, config, "rollout.advantage=gae", f"critic.path={missing}")
+    assert f"critic.path: model directory '{missing}' does not exist" in message
 
 
 @pytest.mark.parametrize(
@@ -387,7 +394,7 @@ def test_a_teacher_that_cannot_be_used_is_refused_before_start(
     [
         (
             ["rollout.kl_coef=0.1"],
-            "rollout.kl_coef (0.1) is REINFORCE++'s KL penalty in the reward, and rollout.advantage is grpo",
+            "rollout.kl_coef (0.1) is a KL penalty in the token rewards, and rollout.advantage is grpo",
         ),
         (
             ["rollout.advantage=reinforce_pp", "rollout.kl_coef=0.1", "reference.enabled='off'"],

@@ -194,3 +194,77 @@ def test_token_advantage_settings_resolve_what_they_need(write_grpo_config, tiny
         write_grpo_config, f"distill.teacher_path={tiny_policy}", "rollout.skip_groups_without_signal=true"
     )
     assert kept.rollout.skip_groups_without_signal is True
+
+
+def test_a_critic_resolves_its_engine_its_optimizer_and_gaes_settings(write_grpo_config, tiny_teacher):
+    """A critic (rollout.advantage gae) trains with its own optimizer settings, each unset one the
+    trainer's; its engine is the trainer's with the policy's model (or critic.path) and no
+    adapters; GAE's gamma and lam reach the token advantages; groups of one are allowed, and the
+    skipping of groups without reward spread is off unless set (the critic's baseline gives
+    every group a signal)."""
+    gae = ["rollout.advantage=gae", "critic.optimizer.lr=0.003", "critic.gamma=0.9", "critic.lam=0.5"]
+    unset = "~rollout.skip_groups_without_signal"
+    cfg = load(
+        write_grpo_config, *gae, unset, "rollout.group_size=1", "trainer.engine.optimizer.weight_decay=0.1"
+    )
+    assert (cfg.critic.optimizer.lr, cfg.critic.optimizer.weight_decay) == (0.003, 0.1)
+    engine = cfg.critic_engine
+    assert engine.optimizer == cfg.critic.optimizer and engine.lora is None
+    assert engine.model == cfg.trainer.engine.model and engine.training == cfg.trainer.engine.training
+    advantages = cfg.token_advantages
+    assert (advantages.gae.gamma, advantages.gae.lam, advantages.reinforce_pp) == (0.9, 0.5, False)
+    assert cfg.rollout.group_size == 1 and cfg.rollout.skip_groups_without_signal is False
+    assert cfg.critic.value_clip == 0.2  # PPO's default
+    elsewhere = load(write_grpo_config, "rollout.advantage=gae", f"critic.path={tiny_teacher}")
+    assert elsewhere.critic_engine.model.hf_path == str(tiny_teacher)
+    assert elsewhere.critic_engine.optimizer == elsewhere.trainer.engine.optimizer
+    assert (
+        load(write_grpo_config, "rollout.advantage=gae", "critic.value_clip=null").critic.value_clip is None
+    )
+    # REINFORCE++ needs no group either.
+    assert (
+        load(write_grpo_config, "rollout.advantage=reinforce_pp", "rollout.group_size=1").rollout.group_size
+        == 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rollout.advantage=gae"], "rollout.advantage=gae needs a critic: add a `critic` section"),
+        (["critic={}"], "critic is set and rollout.advantage is grpo: only gae uses a critic's values"),
+        (
+            ["rollout.group_size=1"],
+            "rollout.group_size=1 with rollout.advantage=grpo: a group advantage of one",
+        ),
+        (
+            ["rollout.group_size=1", "rollout.advantage=rloo"],
+            "rollout.group_size=1 with rollout.advantage=rloo",
+        ),
+        (
+            [
+                "rollout.group_size=1",
+                "rollout.advantage=gae",
+                "critic={}",
+                "rollout.skip_groups_without_signal=true",
+            ],
+            "rollout.skip_groups_without_signal=true drops every group of one completion",
+        ),
+        (
+            [
+                "rollout.advantage=gae",
+                "critic={}",
+                "trainer.procs=2",
+                "trainer.engine.parallelism.tensor_parallel_degree=2",
+            ],
+            "critic: the value model does not support trainer.engine.parallelism.tensor_parallel_degree",
+        ),
+        (["rollout.advantage=gae", "critic.gamma=1.5"], "critic.gamma"),
+    ],
+)
+def test_critic_settings_that_cannot_work_are_refused_naming_the_keys(
+    write_grpo_config, capsys, overrides, message
+):
+    with pytest.raises(SystemExit):
+        load(write_grpo_config, *overrides)
+    assert message in capsys.readouterr().err

@@ -22,7 +22,7 @@ import pytest
 import torch
 from apps.grpo.main import main
 from damage import dcp_shard, truncate
-from processes import children_left
+from processes import actor_processes, children_left
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from forge.actors.generator import GeneratorConfig, build_generation_engine
@@ -215,24 +215,6 @@ def test_a_lone_generator_that_hangs_stops_the_run_by_name_and_a_damaged_checkpo
     err = capsys.readouterr().err
     assert "error: " in err and "no intact checkpoint to resume from" in err
     assert f"step_{last + 1:08d}: run_state.pt" in err
-
-
-def actor_processes(app_pid: int, name: str) -> list[psutil.Process]:
-    """The app's live actor processes of meshes launched as `name`, one per mesh, newest mesh
-    last (Monarch names each process after its mesh, `<name>_<n>`, and the processes an actor
-    starts inherit that name; an earlier run's may still be exiting)."""
-    found = {}
-    for child in psutil.Process(app_pid).children(recursive=True):
-        try:
-            process_name = child.environ().get("HYPERACTOR_PROCESS_NAME", "")
-            if child.status() != psutil.STATUS_ZOMBIE and (
-                m := re.match(rf"{name.lower()}_(\d+)-", process_name)
-            ):
-                found[child.pid] = (int(m.group(1)), child)
-        except psutil.Error:
-            continue
-    actors = [(n, child) for n, child in found.values() if child.ppid() not in found]
-    return [child for _, child in sorted(actors, key=lambda item: item[0])]
 
 
 # The app in sync mode: with max_policy_age 0, one rollout loop and a seed, the actor pipeline

@@ -26,6 +26,9 @@ def test_grpo_config_request_counts_the_trainer_state(write_grpo_config):
     # A teacher (distill) shares the trainer's GPUs: its weights count too.
     teacher = load_config(GRPOConfig, config, ["trainer.procs=2", f"distill.teacher_path={cfg.policy_path}"])
     assert trainer_state_gib(teacher, settings) == pytest.approx(count * 4 * 6 / 2 / 2**30)
+    # So does a critic (PPO): its weights, gradients and two moments.
+    critic = load_config(GRPOConfig, config, ["trainer.procs=2", "critic={}", "rollout.advantage=gae"])
+    assert trainer_state_gib(critic, settings) == pytest.approx(count * 4 * 9 / 2 / 2**30)
 
 
 def test_a_run_that_does_not_fit_the_gpus_is_refused_naming_keys(write_grpo_config):

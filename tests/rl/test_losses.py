@@ -21,6 +21,7 @@ DEFAULTS = {
         "kl_estimator": "k3",
         "agg_type": "fixed_horizon",
     },
+    "ppo": {"clip_low": 0.2, "clip_high": 0.2, "agg_type": "token_mean"},
     "dapo": {"clip_low": 0.2, "clip_high": 0.28, "agg_type": "token_mean"},
     "gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "agg_type": "sequence_mean"},
     "cispo": {"clip_high": 0.28, "agg_type": "token_mean"},
@@ -85,7 +86,7 @@ def ref_policy_loss(name, params, logprobs, advantages, generator, mask, ref=Non
             if not keep[b][t]:
                 continue
             r, a = ratio[b][t], advantages[b][t]
-            if name in ("grpo", "dapo", "gspo"):
+            if name in ("grpo", "ppo", "dapo", "gspo"):
                 low, high = 1 - cfg["clip_low"], 1 + cfg["clip_high"]
                 pg[b][t] = -min(r * a, min(max(r, low), high) * a)
                 flags["low"][b][t] = r < low and a < 0
@@ -117,7 +118,7 @@ def ref_policy_loss(name, params, logprobs, advantages, generator, mask, ref=Non
     }
     if name != "reinforce" or cfg["tis_cap"] is not None:
         metrics["loss/clip_frac_high"] = agg(flags["high"], "token_mean")
-    if name in ("grpo", "dapo", "gspo"):
+    if name in ("grpo", "ppo", "dapo", "gspo"):
         metrics["loss/clip_frac_low"] = agg(flags["low"], "token_mean")
     if corrected:
         metrics["loss/is_weight_mean"] = agg(weights, "token_mean")
@@ -182,6 +183,8 @@ CASES = [
     ),
     ("grpo", {"beta": 0.02, "kl_estimator": "low_var_kl", "horizon": 16}, "seq", True),
     ("grpo", {"kl_estimator": "k1", "agg_type": "sequence_sum"}, "seq", True),
+    ("ppo", {}, "token", False),
+    ("ppo", {"clip_low": 0.1, "clip_high": 0.3, "off_policy": "tis", "tis_cap": 1.2}, "token", False),
     ("dapo", {}, "seq", False),
     ("dapo", {"clip_low": 0.1, "clip_high": 0.5, "agg_type": "sequence_mean"}, "token", False),
     ("gspo", {}, "seq", False),
@@ -275,7 +278,7 @@ def test_grpo_reports_pg_and_kl_that_add_up_to_the_loss():
     assert out.loss.item() == pytest.approx(out.metrics["loss/pg"] + 0.3 * out.metrics["loss/kl"], rel=1e-12)
 
 
-@pytest.mark.parametrize("name", ["grpo", "dapo", "cispo", "reinforce"])
+@pytest.mark.parametrize("name", ["grpo", "ppo", "dapo", "cispo", "reinforce"])
 def test_an_entropy_bonus_lowers_the_loss_by_its_share_of_the_mean_entropy(name):
     """entropy_coef: the loss minus entropy_coef times the entropy's token mean over the response
     tokens (float64 reference), with that term's gradient; 0 leaves the loss as it was."""
@@ -608,7 +611,7 @@ def test_losses_are_built_from_a_mapping_a_config_or_a_name():
     built = build_loss("dapo", clip_high=0.3)
     assert isinstance(built, DAPOLoss) and built.config.clip_high == 0.3
     assert repr(GSPOLoss()).startswith("GSPOLoss(agg_type='sequence_mean'")
-    assert set(LOSSES) == {"grpo", "dapo", "gspo", "cispo", "reinforce", "sft"}
+    assert set(LOSSES) == {"grpo", "ppo", "dapo", "gspo", "cispo", "reinforce", "sft"}
 
 
 def test_a_config_loss_section_is_the_named_losss_own_config():
@@ -628,9 +631,9 @@ def test_a_config_loss_section_is_the_named_losss_own_config():
 
 def test_build_loss_names_the_unknown_loss_and_the_known_ones():
     with pytest.raises(
-        ValueError, match=r"unknown loss 'ppo'; known losses: grpo, dapo, gspo, cispo, reinforce, sft"
+        ValueError, match=r"unknown loss 'trpo'; known losses: grpo, dapo, gspo, ppo, cispo, reinforce, sft"
     ):
-        build_loss("ppo")
+        build_loss("trpo")
 
 
 def test_grpo_with_beta_needs_ref_logprobs():

@@ -153,3 +153,30 @@ def test_per_token_advantages_are_recorded_and_replayed_exactly(tmp_path):
     assert [e.token_advantages for e in rebuilt] == [[0.75, -0.5, 0.125], None]
     replayed, recorded = (PolicyBatch.from_episodes(es, pad_id=0) for es in (rebuilt, episodes))
     assert replayed.advantages.tolist() == recorded.advantages.tolist()
+
+
+def test_a_critics_values_and_returns_are_recorded_and_replayed_exactly(tmp_path):
+    """With a critic (PPO), every episode records the critic's values and GAE's returns (float32,
+    exact), and replay rebuilds the batch the critic trained on."""
+    from forge.rl.batch import PolicyBatch
+
+    path = tmp_path / "rollouts.jsonl"
+    episodes = group(0, size=2)
+    for episode, (values, returns) in zip(
+        episodes,
+        [([0.5, -0.25, 1.5], [1.0, 0.75, 0.5]), ([0.125, 0.0, -2.0], [-1.0, -1.0, -1.0])],
+        strict=True,
+    ):
+        episode.token_advantages, episode.values, episode.returns = [0.25, 0.5, 0.75], values, returns
+    recorder = RolloutRecorder(path)
+    recorder.record_groups([episodes])
+    recorder.close()
+    assert all(tuple(r)[-3:] == ("token_advantages", "values", "returns") for r in read_records(path))
+    batches_path(path).write_text(
+        json.dumps({"policy_version": 0, "episode_ids": [[e.episode_id for e in episodes]]}) + "\n"
+    )
+    ((rebuilt,),) = load_replay_batches(path)
+    assert [(e.values, e.returns) for e in rebuilt] == [(e.values, e.returns) for e in episodes]
+    replayed, recorded = (PolicyBatch.from_episodes(es, pad_id=0) for es in (rebuilt, episodes))
+    assert replayed.values.tolist() == recorded.values.tolist() and replayed.values.abs().sum() > 0
+    assert replayed.returns.tolist() == recorded.returns.tolist()

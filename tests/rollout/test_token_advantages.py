@@ -10,7 +10,7 @@ import torch
 from forge.data.types import Completion, Episode
 from forge.observability.collector import pop_state
 from forge.rl.batch import PolicyBatch
-from forge.rollout.token_advantages import TokenAdvantages
+from forge.rollout.token_advantages import GAE, TokenAdvantages
 
 
 def episode(logprobs, mask=None, reward=0.0, advantage=0.0, ref=None) -> Episode:
@@ -98,3 +98,55 @@ def test_reinforce_pp_with_a_teacher_adds_both_and_missing_scores_are_refused():
     no_ref[1].ref_logprobs = None
     with pytest.raises(ValueError, match="KL penalty needs the reference logprobs"):
         TokenAdvantages(reinforce_pp=True, kl_coef=0.1).apply(no_ref)
+
+
+VALUES = [[0.5, -0.25, 9.0, 9.0, 0.125], [0.75], [0.0, 0.25, -0.5]]
+
+
+def test_gae_of_a_rollout_discounts_the_token_rewards_over_model_tokens_and_keeps_values_and_returns():
+    """GAE over each episode's model tokens (the environment's are skipped: their values, 9.0
+    here, are never read), with REINFORCE++'s token rewards (the KL penalty, and the reward on
+    the last model token); the advantages normalised over the rollout; the critic's values and
+    the returns kept on the episodes, 0 on the environment's tokens."""
+    gamma, lam, kl_coef = 0.9, 0.7, 0.2
+    eps = episodes()
+    TokenAdvantages(gae=GAE(gamma, lam), kl_coef=kl_coef).apply(eps, values=VALUES)
+    raw, returns = {}, {}
+    for i, e in enumerate(eps):
+        steps = [t for t, m in enumerate(e.completion.model_mask) if m]
+        rewards = [-kl_coef * (e.completion.logprobs[t] - e.ref_logprobs[t]) for t in steps]
+        rewards[-1] += e.reward
+        values = [VALUES[i][t] for t in steps]
+        advantage = 0.0
+        for k in reversed(range(len(steps))):
+            following = values[k + 1] if k + 1 < len(steps) else 0.0
+            advantage = rewards[k] + gamma * following - values[k] + gamma * lam * advantage
+            raw[i, steps[k]] = advantage
+            returns[i, steps[k]] = advantage + values[k]
+    mean = sum(raw.values()) / len(raw)
+    std = math.sqrt(sum((a - mean) ** 2 for a in raw.values()) / len(raw))
+    for i, e in enumerate(eps):
+        at = range(e.response_len)
+        assert e.token_advantages == pytest.approx(
+            [(raw[i, t] - mean) / (std + 1e-6) if (i, t) in raw else 0.0 for t in at], abs=1e-5
+        )
+        assert e.returns == pytest.approx([returns.get((i, t), 0.0) for t in at], abs=1e-6)
+        assert e.values == pytest.approx([VALUES[i][t] if (i, t) in raw else 0.0 for t in at])
+    assert eps[0].returns[2:4] == [0.0, 0.0] and eps[0].values[2:4] == [0.0, 0.0]
+    batch = PolicyBatch.from_episodes(eps, pad_id=0)
+    assert batch.values.shape == batch.returns.shape == batch.loss_mask.shape
+    assert (batch.returns[batch.loss_mask == 0] == 0).all()
+    explained = pop_state()["critic/explained_variance"].value()
+    flat_returns = [returns[k] for k in raw]
+    flat_values = [returns[k] - raw[k] for k in raw]
+    spread = sum((r - sum(flat_returns) / len(raw)) ** 2 for r in flat_returns) / len(raw)
+    missed = [r - v for r, v in zip(flat_returns, flat_values, strict=True)]
+    missed_spread = sum((m - sum(missed) / len(raw)) ** 2 for m in missed) / len(raw)
+    assert explained == pytest.approx(1 - missed_spread / spread, abs=1e-5)
+
+
+def test_gae_needs_the_critics_values_and_is_not_reinforce_pp():
+    with pytest.raises(ValueError, match="GAE needs the critic's values"):
+        TokenAdvantages(gae=GAE()).apply(episodes())
+    with pytest.raises(ValueError, match="reinforce_pp and gae are two advantages"):
+        TokenAdvantages(reinforce_pp=True, gae=GAE())

@@ -157,6 +157,25 @@ def test_a_resumed_checkpoint_holds_what_was_saved(tmp_path):
     assert resumed.dataset.obj.state_dict() == saved.dataset.obj.state_dict()
 
 
+def test_a_critic_is_saved_and_restored_beside_the_trainer_and_its_absence_is_named(tmp_path):
+    """With a critic (PPO), the checkpoint holds its state in critic/, and a resume restores it;
+    a checkpoint written without one cannot resume a run that has one (it names what to do)."""
+    saved = make_actors()
+    saved.critic = Trainer()
+    saved.critic.state["weight"].fill_(7.0)
+    saved.critic.state["step"].fill_(2)
+    checkpoint = asyncio.run(train_and_save(RunCheckpointer(tmp_path / "a", keep=2), saved, 2))
+    assert (checkpoint / "critic" / ".metadata").is_file()
+    resumed = make_actors()
+    resumed.critic = Trainer()
+    progress = asyncio.run(RunCheckpointer(tmp_path / "a", keep=2).restore(checkpoint, resumed))
+    assert progress.step == 2 and torch.equal(resumed.critic.state["weight"], torch.full((1024,), 7.0))
+
+    without = asyncio.run(train_and_save(RunCheckpointer(tmp_path / "b", keep=2), make_actors(), 2))
+    with pytest.raises(ValueError, match="has no critic/ \\(it was saved by a run without a critic\\)"):
+        asyncio.run(RunCheckpointer(tmp_path / "b", keep=2).restore(without, resumed))
+
+
 DAMAGE = {
     "truncated run state": (lambda c: truncate(c / "run_state.pt"), "run_state.pt has"),
     "bit flip in a DCP shard": (lambda c: flip_a_bit(dcp_shard(c)), "changed since it was written"),

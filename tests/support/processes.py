@@ -1,5 +1,7 @@
-"""What a finished run left behind: the live child processes of this (the test's) process."""
+"""An app's processes: the live child processes a finished run left behind, and the actor
+processes of a running app."""
 
+import re
 import time
 
 import psutil
@@ -16,3 +18,21 @@ def children_left(timeout: float) -> list[psutil.Process]:
         if not children or time.time() > deadline:
             return children
         time.sleep(0.2)
+
+
+def actor_processes(app_pid: int, name: str) -> list[psutil.Process]:
+    """The app's live actor processes of meshes launched as `name`, one per mesh, newest mesh
+    last (Monarch names each process after its mesh, `<name>_<n>`, and the processes an actor
+    starts inherit that name; an earlier run's may still be exiting)."""
+    found = {}
+    for child in psutil.Process(app_pid).children(recursive=True):
+        try:
+            process_name = child.environ().get("HYPERACTOR_PROCESS_NAME", "")
+            if child.status() != psutil.STATUS_ZOMBIE and (
+                m := re.match(rf"{name.lower()}_(\d+)-", process_name)
+            ):
+                found[child.pid] = (int(m.group(1)), child)
+        except psutil.Error:
+            continue
+    actors = [(n, child) for n, child in found.values() if child.ppid() not in found]
+    return [child for _, child in sorted(actors, key=lambda item: item[0])]

@@ -102,7 +102,7 @@ class ProvisionerConfig(ForgeConfigModel):
             return self.placement[actor]
         if actor == STORE_MESH_NAME:
             return self.placement.get("TitanTrainer", [0])[:1]
-        if actor == "ReferenceModel":
+        if actor in ("ReferenceModel", "Critic"):
             return self.placement.get("TitanTrainer", [0])
         return [0]
 

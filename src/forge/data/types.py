@@ -108,6 +108,9 @@ class Episode:
     token; those the environment wrote are never trained, so their entries are 0): a per-token
     advantage (REINFORCE++, a teacher's signal, ``forge.rollout.token_advantages``) trains
     with it instead of ``advantage``, which then only describes the episode in records.
+    ``values`` and ``returns`` (one entry per response token, with a critic): the critic's
+    values of the tokens when the episode was scored, and GAE's returns, which the critic
+    trains towards (0 on the environment's tokens).
     """
 
     completion: Completion
@@ -120,6 +123,8 @@ class Episode:
     ref_logprobs: list[float] | None = None
     episode_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     token_advantages: list[float] | None = None
+    values: list[float] | None = None
+    returns: list[float] | None = None
 
     @property
     def policy_version(self) -> int:

@@ -14,7 +14,7 @@ from forge.config import ForgeConfigModel
 from forge.controller import ProvisionerConfig
 from forge.data.prompts import PromptDataConfig
 from forge.engines.lora_sync import AdapterSync
-from forge.engines.titan.config import ModelConfig, TitanEngineConfig
+from forge.engines.titan.config import ModelConfig, OptimizerConfig, TitanEngineConfig
 from forge.envs.config import EnvConfig
 from forge.observability import MetricsConfig
 from forge.replay_buffer import ReplayBufferConfig
@@ -51,16 +51,20 @@ class TrainerSection(ForgeConfigModel):
 class RolloutConfig(ForgeConfigModel):
     threads: int = Field(2, ge=1, description="concurrent copies of the rollout loop")
     prompts_per_step: int = Field(4, ge=1, description="prompts generated together in one batch")
-    group_size: int = Field(8, ge=2, description="completions per prompt (the GRPO group)")
+    # 1 needs an advantage that is not a group's (reinforce_pp, gae).
+    group_size: int = Field(8, ge=1, description="completions per prompt (the GRPO group)")
     # Groups whose rewards are all equal are not trained on (DAPO's dynamic sampling). With a
-    # teacher (distill) every group has the teacher's signal: unset, it is then false.
+    # teacher (distill) or a critic (gae) every group has a signal, and a group of one has no
+    # spread: unset, it is then false.
     skip_groups_without_signal: bool = True
     # grpo, dr_grpo, rloo, none: one advantage per episode from its group's rewards
     # (forge.rl.advantage.group_advantages); reinforce_pp: REINFORCE++'s per-token returns,
-    # normalised over the episodes of each rollout (forge.rl.advantage.reinforce_pp_advantages).
-    advantage: Literal["grpo", "dr_grpo", "rloo", "none", "reinforce_pp"] = "grpo"
-    # REINFORCE++'s per-token KL penalty in the reward, kl_coef * (generator logprob - reference
-    # logprob) on each sampled token; > 0 turns the reference model on (reference.enabled: auto).
+    # normalised over the episodes of each rollout (forge.rl.advantage.reinforce_pp_advantages);
+    # gae: PPO's, GAE over the critic's values (needs a `critic` section), normalised likewise.
+    advantage: Literal["grpo", "dr_grpo", "rloo", "none", "reinforce_pp", "gae"] = "grpo"
+    # The per-token KL penalty in the reward (REINFORCE++'s, and PPO's with gae), kl_coef *
+    # (generator logprob - reference logprob) on each sampled token; > 0 turns the reference
+    # model on (reference.enabled: auto).
     kl_coef: float = Field(0.0, ge=0)
     # Train on the batches of a recorded run (its rollouts.jsonl) with no generator, reward or
     # reference actor (train-only debugging); see forge.recipes.grpo_replay.
@@ -83,6 +87,23 @@ class DistillConfig(ForgeConfigModel):
     # The distillation term's weight against the rewards' advantages (no reward function: the
     # teacher's signal alone).
     weight: float = Field(1.0, gt=0)
+
+
+class CriticConfig(ForgeConfigModel):
+    """PPO's critic (rollout.advantage: gae): a value model, the policy's architecture with a
+    scalar head, trained every step on the trained batch's returns with value clipping
+    (forge.engines.titan.value). It runs beside the trainer, on its processes and GPUs."""
+
+    # A Hugging Face checkpoint of the policy's architecture whose transformer starts the
+    # value model (its LM head is dropped, the value head starts at 0); None: the policy's.
+    path: str | None = None
+    # The critic's optimizer; each key left unset takes trainer.engine.optimizer's.
+    optimizer: OptimizerConfig = OptimizerConfig()
+    # PPO's value clipping: a value may move at most this far from the one the episode was
+    # scored with before the loss stops rewarding it; null: no clipping.
+    value_clip: float | None = Field(0.2, gt=0)
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE's discount over the response tokens")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE's lambda (1: Monte Carlo returns)")
 
 
 class EvalConfig(ForgeConfigModel):
@@ -126,6 +147,8 @@ class GRPOConfig(ForgeConfigModel):
     reference: ReferenceSection = ReferenceSection()
     # A teacher to distill on-policy (None: none).
     distill: DistillConfig | None = None
+    # PPO's critic (None: none); rollout.advantage=gae needs it.
+    critic: CriticConfig | None = None
     reward: RewardConfig = RewardConfig()
     rollout: RolloutConfig = RolloutConfig()
     replay_buffer: ReplayBufferConfig = ReplayBufferConfig()
@@ -240,11 +263,43 @@ class GRPOConfig(ForgeConfigModel):
 
     def _check_token_advantages(self) -> None:
         rollout = self.rollout
-        if rollout.kl_coef and rollout.advantage != "reinforce_pp":
+        if rollout.kl_coef and rollout.advantage not in ("reinforce_pp", "gae"):
             raise ValueError(
-                f"rollout.kl_coef ({rollout.kl_coef}) is REINFORCE++'s KL penalty in the reward, and "
-                f"rollout.advantage is {rollout.advantage}: set rollout.advantage=reinforce_pp, or put a "
-                "KL term in the loss (trainer.loss.beta) instead"
+                f"rollout.kl_coef ({rollout.kl_coef}) is a KL penalty in the token rewards, and "
+                f"rollout.advantage is {rollout.advantage}: set rollout.advantage=reinforce_pp or gae, or "
+                "put a KL term in the loss (trainer.loss.beta) instead"
+            )
+        if rollout.advantage == "gae" and self.critic is None:
+            raise ValueError(
+                "rollout.advantage=gae needs a critic: add a `critic` section (critic.path defaults to "
+                "the policy's checkpoint)"
+            )
+        if self.critic is not None and rollout.advantage != "gae":
+            raise ValueError(
+                f"critic is set and rollout.advantage is {rollout.advantage}: only gae uses a critic's "
+                "values; set rollout.advantage=gae, or remove the critic section"
+            )
+        if self.critic is not None and self.trainer.engine.parallelism.tensor_parallel_degree > 1:
+            raise ValueError(
+                "critic: the value model does not support trainer.engine.parallelism.tensor_parallel_degree "
+                "> 1 (its one-row head cannot be split): use data parallelism, or remove the critic"
+            )
+        if self.critic is not None and not self.trainer.enabled:
+            raise ValueError("critic: trains beside the trainer, and trainer.enabled is false: remove it")
+        if rollout.group_size == 1 and rollout.advantage in ("grpo", "dr_grpo", "rloo"):
+            raise ValueError(
+                f"rollout.group_size=1 with rollout.advantage={rollout.advantage}: a group advantage of "
+                "one completion is 0; use group_size >= 2, or rollout.advantage=gae (with a critic) or "
+                "reinforce_pp"
+            )
+        if (
+            rollout.group_size == 1
+            and rollout.skip_groups_without_signal
+            and ("skip_groups_without_signal" in rollout.model_fields_set)
+        ):
+            raise ValueError(
+                "rollout.skip_groups_without_signal=true drops every group of one completion "
+                "(rollout.group_size=1): set it false"
             )
         if rollout.kl_coef and self.reference.enabled == "off":
             raise ValueError(
@@ -281,16 +336,18 @@ class GRPOConfig(ForgeConfigModel):
             raise ValueError("generator.vllm.sleep_during_train=true: " + "; ".join(problems))
 
     def _check_host_spans(self) -> None:
-        """The trainer and the reference model (which has the trainer's processes and hosts) each
-        span trainer.hosts hosts: the first that many of their placement, consecutive ones."""
-        actors = (["TitanTrainer"] if self.trainer.enabled else []) + (
-            ["ReferenceModel"] if self.reference_actor else []
+        """The trainer, the reference model and the critic (which have the trainer's processes and
+        hosts) each span trainer.hosts hosts: the first that many of their placement, consecutive ones."""
+        actors = (
+            (["TitanTrainer"] if self.trainer.enabled else [])
+            + (["ReferenceModel"] if self.reference_actor else [])
+            + (["Critic"] if self.critic is not None else [])
         )
         count = self.trainer.hosts
         for actor in actors:
             listed = self.provisioner.placement_for(actor)
             if listed[:count] != list(range(listed[0], listed[0] + count)):
-                follows = " (or leave it out: it follows TitanTrainer's)" if actor == "ReferenceModel" else ""
+                follows = " (or leave it out: it follows TitanTrainer's)" if actor != "TitanTrainer" else ""
                 raise ValueError(
                     f"provisioner.placement.{actor} ({listed}) must begin with trainer.hosts ({count}) "
                     f"consecutive host indices, the hosts its processes span: list them in order{follows}"
@@ -317,9 +374,17 @@ class GRPOConfig(ForgeConfigModel):
             # The run's seed reaches the sampling (each sample seeded by its prompt and index);
             # an explicit null keeps per-sample seeds off (samples then depend on the batching).
             self.generator.sampling.seed = self.seed
-        if self.distill is not None and "skip_groups_without_signal" not in self.rollout.model_fields_set:
-            # The teacher's signal is in every group, whatever its rewards.
+        signal_without_spread = (
+            self.distill is not None or self.rollout.advantage == "gae" or self.rollout.group_size == 1
+        )
+        if signal_without_spread and "skip_groups_without_signal" not in self.rollout.model_fields_set:
+            # The teacher's signal, or the critic's baseline, is in every group, whatever its
+            # rewards; a group of one never has a spread.
             self.rollout.skip_groups_without_signal = False
+        if self.critic is not None:
+            # The critic's optimizer takes the trainer's settings it does not set itself.
+            unset = self.trainer.engine.optimizer.model_dump(exclude=self.critic.optimizer.model_fields_set)
+            self.critic.optimizer = self.critic.optimizer.model_copy(update=unset)
         loss, derived = self.trainer.loss, {}
         # The loss recomputes the generator's logprobs, at the generator's temperature.
         if "temperature" in type(loss).model_fields and "temperature" not in loss.model_fields_set:
@@ -371,15 +436,30 @@ class GRPOConfig(ForgeConfigModel):
         return self.trainer.engine.model_copy(update={"model": model, "lora": None})
 
     @property
+    def critic_engine(self) -> TitanEngineConfig | None:
+        """The critic's engine (None without a critic): the trainer's, with the critic's
+        checkpoint (default: the policy's model), its optimizer, and no adapters."""
+        if self.critic is None:
+            return None
+        model = self.trainer.engine.model
+        if self.critic.path is not None:
+            model = ModelConfig(hf_path=self.critic.path, sampled_rows=model.sampled_rows)
+        return self.trainer.engine.model_copy(
+            update={"model": model, "optimizer": self.critic.optimizer, "lora": None}
+        )
+
+    @property
     def token_advantages(self):
         """How episodes get per-token advantages (forge.rollout.token_advantages); None: they train
         on their group advantage alone."""
-        from forge.rollout.token_advantages import TokenAdvantages
+        from forge.rollout.token_advantages import GAE, TokenAdvantages
 
-        if self.rollout.advantage != "reinforce_pp" and self.distill is None:
+        if self.rollout.advantage not in ("reinforce_pp", "gae") and self.distill is None:
             return None
+        critic = self.critic
         return TokenAdvantages(
             reinforce_pp=self.rollout.advantage == "reinforce_pp",
+            gae=GAE(critic.gamma, critic.lam) if self.rollout.advantage == "gae" else None,
             kl_coef=self.rollout.kl_coef,
             distill_weight=self.distill.weight if self.distill is not None else 0.0,
         )

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from forge.actors.advantages import ComputeAdvantages
+from forge.actors.critic import Critic
 from forge.actors.dataset import DatasetActor
 from forge.actors.environment import ActorEnvironments, EnvironmentActor
 from forge.actors.generator import Generator
@@ -109,9 +110,21 @@ async def launch_teacher(cfg: GRPOConfig, gpus: bool) -> Any | None:
     return await teachers.as_actor(cfg.teacher_engine, cfg.generator.sampling.temperature, "teacher")
 
 
+async def launch_critic(cfg: GRPOConfig, gpus: bool) -> Any | None:
+    """PPO's value model, placed as the reference is: with the trainer's processes, hosts, GPUs
+    and parallelism, so that it trains on the trainer's data-parallel batches as they are."""
+    if cfg.critic is None:
+        return None
+    critics = Critic.options(
+        procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group=TRAINER_GROUP
+    )
+    return await critics.as_actor(cfg.critic_engine, cfg.critic.value_clip)
+
+
 async def launch_advantages(cfg: GRPOConfig) -> Any | None:
-    """Group advantages; None where each episode's advantages are its tokens' alone (REINFORCE++)."""
-    if cfg.rollout.advantage == "reinforce_pp":
+    """Group advantages; None where each episode's advantages are its tokens' alone (REINFORCE++,
+    GAE)."""
+    if cfg.rollout.advantage in ("reinforce_pp", "gae"):
         return None
     return await ComputeAdvantages.as_actor(cfg.rollout.advantage)
 
@@ -154,6 +167,7 @@ async def launch_actors(
         advantages,
         reference,
         teacher,
+        critic,
         reward_models,
         _,
     ) = await asyncio.gather(
@@ -166,6 +180,7 @@ async def launch_actors(
         launch_advantages(cfg),
         launch_reference(cfg, gpus),
         launch_teacher(cfg, gpus),
+        launch_critic(cfg, gpus),
         launch_reward_models(cfg.reward, gpus),
         asyncio.to_thread(eval_scorer.start),
     )
@@ -183,5 +198,14 @@ async def launch_actors(
         agent=await start_agent(cfg, renderer),
     )
     return GRPOActors(
-        dataset, rollouts, trainer, replay_buffer, reward, advantages, reference, reward_models, teacher
+        dataset,
+        rollouts,
+        trainer,
+        replay_buffer,
+        reward,
+        advantages,
+        reference,
+        reward_models,
+        teacher,
+        critic,
     )

@@ -57,6 +57,8 @@ def episode_from_record(record: dict) -> Episode:
         ref_logprobs=decode_floats(record["ref_logprobs"]),
         episode_id=record["episode_id"],
         token_advantages=decode_floats(record.get("token_advantages")),
+        values=decode_floats(record.get("values")),
+        returns=decode_floats(record.get("returns")),
     )
 
 

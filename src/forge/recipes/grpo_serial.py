@@ -6,9 +6,11 @@ Each step, top to bottom:
      policy (one completion each without an environment; with one, model and environment
      take turns, forge.rollout.groups), score them, give each a group-relative advantage, and
      put the groups that carry a learning signal in the replay buffer, until it holds a batch
-     (with REINFORCE++ or a teacher, each token gets its own advantage once the reference
-     and the teacher have scored the rollout's episodes, forge.rollout.token_advantages);
-  2. one optimizer step of the policy on a batch drawn from the buffer;
+     (with REINFORCE++, a critic or a teacher, each token gets its own advantage once the
+     reference, the teacher and the critic have scored the rollout's episodes,
+     forge.rollout.token_advantages);
+  2. one optimizer step of the policy on a batch drawn from the buffer (and of the critic, PPO's
+     value model, on the same batch);
   3. the sampling engine takes the new weights.
 
 It uses the run's configuration (forge.grpo.config.GRPOConfig) and the very pieces the actors
@@ -34,6 +36,7 @@ from forge.data.types import Completion, Episode
 from forge.engines.generation import to_completions
 from forge.engines.titan.engine import TitanEngine
 from forge.engines.titan.logprobs import completion_logprobs
+from forge.engines.titan.value import ValueEngine, completion_values, critic_metrics
 from forge.envs.sessions import LocalEnvironments
 from forge.envs.turns import TurnRenderer
 from forge.grpo.config import GRPOConfig
@@ -45,6 +48,7 @@ from forge.rewards.scorer import RewardScorer
 from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses import loss_from_config
+from forge.rl.losses.value import ValueLoss
 from forge.rollout.env_failures import EnvFailures
 from forge.rollout.eval import score_answers
 from forge.rollout.groups import OneTurn, run_groups
@@ -97,6 +101,9 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
         reference = TitanEngine(cfg.trainer.engine, trainable=False)
     # The teacher (distill) is a frozen model that scores the sampled tokens, as the reference does.
     teacher = TitanEngine(cfg.teacher_engine, trainable=False) if cfg.distill is not None else None
+    # PPO's critic: a value model of its own, trained on the policy's batches.
+    critic = ValueEngine(cfg.critic_engine) if cfg.critic is not None else None
+    value_loss = ValueLoss(cfg.critic.value_clip) if cfg.critic is not None else None
     token_advantages = cfg.token_advantages
     loss_fn = loss_from_config(cfg.trainer.loss)
     # In this process, with no time or memory limit: one process, one thing at a time (the app's reward
@@ -162,8 +169,8 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
             if cfg.rollout.skip_groups_without_signal and not has_signal(rewards):
                 continue
             advantages = (
-                [0.0] * len(scores)  # REINFORCE++: each token's, below
-                if cfg.rollout.advantage == "reinforce_pp"
+                [0.0] * len(scores)  # REINFORCE++ and GAE: each token's, below
+                if cfg.rollout.advantage in ("reinforce_pp", "gae")
                 else group_advantages(rewards, mode=cfg.rollout.advantage).tolist()
             )
             scored = [
@@ -191,7 +198,8 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
                 if teacher is not None
                 else None
             )
-            token_advantages.apply(episodes, teacher_rows)
+            value_rows = completion_values(critic, [e.completion for e in episodes]) if critic else None
+            token_advantages.apply(episodes, teacher_rows, value_rows)
         for episode in episodes:
             buffer.add(episode)
 
@@ -214,8 +222,12 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
             rollout(version)
         # 2. One optimizer step on a batch.
         [episodes] = buffer.sample(version)
-        for key, value in policy.train_step(PolicyBatch.from_episodes(episodes, pad_id), loss_fn).items():
+        batch = PolicyBatch.from_episodes(episodes, pad_id)
+        for key, value in policy.train_step(batch, loss_fn).items():
             record_metric(key, value, Reduce.MEAN)
+        if critic is not None:
+            for key, value in critic_metrics(critic.train_step(batch, value_loss)).items():
+                record_metric(key, value, Reduce.MEAN)
         version += 1
         # 3. The sampler takes the new weights.
         sync_started = time.perf_counter()

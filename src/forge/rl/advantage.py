@@ -107,6 +107,29 @@ def reinforce_pp_advantages(
         )
     if (ref_logprobs is None) != (logprobs is None):
         raise ValueError("reinforce_pp_advantages: the KL penalty needs both logprobs and ref_logprobs")
+    token_rewards = sequence_token_rewards(rewards, mask, logprobs, ref_logprobs, kl_coef)
+    returns = token_rewards.flip(-1).cumsum(-1).flip(-1)
+    return whiten(returns, mask, eps)
+
+
+def sequence_token_rewards(
+    rewards: Tensor,
+    mask: Tensor,
+    logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> Tensor:
+    """Per-token rewards ``[B, T]`` of sequences with rewards ``[B]``: each sampled token's is
+    ``-kl_coef * (logprobs - ref_logprobs)`` (the k1 estimate of the KL to a reference policy; no
+    reference: 0), and the last sampled token of a sequence adds the sequence's reward; 0 at the
+    masked-out tokens. What REINFORCE++ sums into returns and GAE discounts."""
+    _check_token_shapes("sequence_token_rewards", mask, logprobs=logprobs, ref_logprobs=ref_logprobs)
+    if rewards.shape != mask.shape[:1]:
+        raise ValueError(
+            f"sequence_token_rewards: rewards must be [batch] = [{mask.shape[0]}], got {tuple(rewards.shape)}"
+        )
+    if (ref_logprobs is None) != (logprobs is None):
+        raise ValueError("sequence_token_rewards: the KL penalty needs both logprobs and ref_logprobs")
     dtype = _float_dtype(rewards, logprobs, ref_logprobs)
     sampled = mask != 0
     token_rewards = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
@@ -116,16 +139,18 @@ def reinforce_pp_advantages(
     columns = torch.arange(mask.shape[1], device=mask.device)
     last = torch.where(sampled, columns, -1).amax(-1)
     ends = sampled & (columns == last[:, None])
-    token_rewards = torch.where(
-        sampled, token_rewards + torch.where(ends, rewards.to(dtype)[:, None], 0.0), 0.0
-    )
-    returns = token_rewards.flip(-1).cumsum(-1).flip(-1)
-    count = sampled.sum()
-    if count == 0:
-        return torch.zeros_like(returns)
-    mean = returns[sampled].mean()
-    std = returns[sampled].std(correction=0)
-    return torch.where(sampled, (returns - mean) / (std + eps), 0.0)
+    return torch.where(sampled, token_rewards + torch.where(ends, rewards.to(dtype)[:, None], 0.0), 0.0)
+
+
+def whiten(values: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
+    """``(values - mean) / (std + eps)`` with the mean and the population std over the tokens
+    where ``mask`` is set, in the whole batch; 0 elsewhere (and everywhere when none is set)."""
+    sampled = mask != 0
+    if not sampled.any():
+        return torch.zeros_like(values)
+    mean = values[sampled].mean()
+    std = values[sampled].std(correction=0)
+    return torch.where(sampled, (values - mean) / (std + eps), 0.0)
 
 
 def distill_advantages(student_logprobs: Tensor, teacher_logprobs: Tensor, mask: Tensor) -> Tensor:

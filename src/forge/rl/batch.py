@@ -50,6 +50,10 @@ class PolicyBatch:
     """The reference model's logprobs of ``target_ids`` (for a KL term)."""
     policy_versions: Tensor | None = None
     """``[B]`` the policy version that generated each row."""
+    values: Tensor | None = None
+    """A critic's values of the response tokens when they were scored (PPO's value clipping)."""
+    returns: Tensor | None = None
+    """The returns the critic is trained towards (GAE's, ``forge.rl.advantage.gae``)."""
     step_tokens: Tensor | None = None
     """0-d int64: the loss tokens of the whole optimizer step (every microbatch of every data-parallel
     rank). The trainer sets it (and ``step_sequences``) so that a loss normalises by the step,
@@ -59,8 +63,9 @@ class PolicyBatch:
 
     @classmethod
     def from_episodes(cls, episodes: Sequence[Episode], pad_id: int) -> PolicyBatch:
-        """Pads the episodes into one batch; ``ref_logprobs`` only when every episode has them;
-        ``advantages`` per token when an episode has them (``episode_advantages``)."""
+        """Pads the episodes into one batch; ``ref_logprobs``, ``values`` and ``returns`` only when
+        every episode has them; ``advantages`` per token when an episode has them
+        (``episode_advantages``)."""
         if not episodes:
             raise ValueError("PolicyBatch.from_episodes needs at least one episode")
         completions = [ep.completion for ep in episodes]
@@ -68,6 +73,7 @@ class PolicyBatch:
             [c.prompt_ids for c in completions], [c.response_ids for c in completions], pad_id
         )
         with_ref = all(ep.ref_logprobs is not None for ep in episodes)
+        with_values = all(ep.values is not None and ep.returns is not None for ep in episodes)
         return cls(
             target_ids=target_ids,
             loss_mask=place_responses([c.model_mask for c in completions], span),
@@ -76,6 +82,8 @@ class PolicyBatch:
             generator_logprobs=place_responses([c.logprobs for c in completions], span),
             ref_logprobs=place_responses([ep.ref_logprobs for ep in episodes], span) if with_ref else None,
             policy_versions=torch.tensor([ep.policy_version for ep in episodes], dtype=torch.long),
+            values=place_responses([ep.values for ep in episodes], span) if with_values else None,
+            returns=place_responses([ep.returns for ep in episodes], span) if with_values else None,
         )
 
     @property

@@ -60,6 +60,8 @@ TURN_FIELDS = ("turns", "truncated", "response_mask")
 NOTE_FIELDS = ("reward_notes",)
 # What a training record adds when its episode trains with per-token advantages.
 TOKEN_ADVANTAGE_FIELDS = ("token_advantages",)
+# What a training record adds when a critic scored its episode (PPO).
+VALUE_FIELDS = ("values", "returns")
 
 
 def _encode(typecode: str, values: list | None) -> str | None:
@@ -131,6 +133,11 @@ def episode_record(step: int, episode: Episode) -> dict[str, Any]:
             if episode.token_advantages is not None
             else {}
         ),
+        **{
+            name: encode_floats(getattr(episode, name))
+            for name in VALUE_FIELDS
+            if getattr(episode, name) is not None
+        },
     }
 
 

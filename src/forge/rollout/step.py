@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from forge.actors.critic import critic_values
 from forge.actors.environment import ActorEnvironments
 from forge.actors.reference import reference_logprobs
 from forge.agents.rollout import AgentRollouts
@@ -154,22 +155,26 @@ def without_truncated(groups: list[list[Episode]]) -> list[list[Episode]]:
 
 
 async def add_token_scores(
-    episodes: list[Episode], reference, teacher, token_advantages: TokenAdvantages | None
+    episodes: list[Episode], reference, teacher, token_advantages: TokenAdvantages | None, critic=None
 ) -> None:
     """Fills `ref_logprobs` of each episode from the reference model, and then its
-    `token_advantages` (with the teacher's logprobs where there is a teacher): the reference and
-    the teacher each score all the episodes in one batched call, which their data-parallel ranks
-    split, both at once."""
+    `token_advantages` (with the teacher's logprobs where there is a teacher, and the critic's
+    values where there is a critic): the reference, the teacher and the critic each score all
+    the episodes in one batched call, which their data-parallel ranks split, all at once."""
+    completions = [e.completion for e in episodes]
 
     async def scores(model) -> list[list[float]] | None:
-        return None if model is None else await reference_logprobs(model, [e.completion for e in episodes])
+        return None if model is None else await reference_logprobs(model, completions)
 
-    ref_rows, teacher_rows = await asyncio.gather(scores(reference), scores(teacher))
+    async def values() -> list[list[float]] | None:
+        return None if critic is None else await critic_values(critic, completions)
+
+    ref_rows, teacher_rows, value_rows = await asyncio.gather(scores(reference), scores(teacher), values())
     if ref_rows is not None:
         for episode, row in zip(episodes, ref_rows, strict=True):
             episode.ref_logprobs = row
     if token_advantages is not None:
-        token_advantages.apply(episodes, teacher_rows)
+        token_advantages.apply(episodes, teacher_rows, value_rows)
 
 
 @dataclass
@@ -220,6 +225,7 @@ async def rollout_step(
     reward_models=None,
     teacher=None,
     token_advantages: TokenAdvantages | None = None,
+    critic=None,
 ) -> list[int]:
     """Samples prompts, rolls out a group of trajectories per prompt with a policy of at least
     `min_version`, scores them and adds them to the buffer.
@@ -232,8 +238,8 @@ async def rollout_step(
     whose environment failed, are counted in `rollout/groups_failed`. With `drop_truncated`,
     truncated trajectories leave after their group's advantages are computed (counted in
     `rollout/truncated_dropped`). The reference model (None: none) and the `teacher` (None: none)
-    score the episodes' tokens, and `token_advantages` (None: the group advantages alone) gives
-    them per-token advantages. The `recorder` gets the groups that entered the buffer.
+    score the episodes' tokens, and so does the `critic` (None: none), and `token_advantages`
+    (None: the group advantages alone) gives them per-token advantages. The `recorder` gets the groups that entered the buffer.
     """
     counts = counts if counts is not None else RolloutCounts()
     rows = await dataset.sample_batch.route(prompts_per_step)
@@ -266,7 +272,7 @@ async def rollout_step(
     episodes = [e for g in kept for e in g]
     if not episodes:
         return []
-    await add_token_scores(episodes, reference, teacher, token_advantages)
+    await add_token_scores(episodes, reference, teacher, token_advantages, critic)
     await replay_buffer.add_many.route(episodes)
     if recorder is not None:
         recorder.record_groups(kept)

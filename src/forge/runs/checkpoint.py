@@ -3,6 +3,7 @@
 Layout under ``output_dir/checkpoints`` (SFT: ``run_dir/checkpoints``)::
 
     step_00000010/trainer/       the trainer's DCP checkpoint (model, optimizer, LR schedule, step)
+    step_00000010/critic/        the critic's, likewise (GRPO with a critic only)
     step_00000010/run_state.pt   the step and the run's own state: GRPO's replay buffer (episodes,
                                  RNG, counts), dataset cursor, the RNG states of the controller and
                                  the generator, weight version, metric step, eval history; SFT's
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "run_state.pt"
 TRAINER_DIR = "trainer"
+CRITIC_DIR = "critic"
 _COMPLETE_NAME = re.compile(r"step_(\d{8})")
 _TMP_SUFFIX = ".tmp"
 # The classes a run state may hold besides plain Python values and tensors: the replay
@@ -94,6 +96,8 @@ class RunActors:
     generator: Any
     # A lone generator must answer within this (forge.controller.liveness), or the run stops.
     generator_deadline_s: float = 600.0
+    # PPO's value model (forge.actors.critic), saved and restored beside the trainer; None: none.
+    critic: Any = None
 
 
 class RolloutPause:
@@ -208,11 +212,11 @@ class RunCheckpointer:
             "dataset": await actors.dataset.state_dict.route(),
             "rng": {"controller": controller_rng_state(), "generator": await _generator_rng(actors)},
         }
-        return await self.write(actors.trainer, state)
+        return await self.write(actors.trainer, state, actors.critic)
 
-    async def write(self, trainer: Any, state: dict[str, Any]) -> Path:
-        """Checkpoint ``state["step"]``: the trainer's state (its `save_to` endpoint) and the
-        run's `state`, atomically, keeping the newest `keep`."""
+    async def write(self, trainer: Any, state: dict[str, Any], critic: Any = None) -> Path:
+        """Checkpoint ``state["step"]``: the trainer's state (its `save_to` endpoint), the
+        critic's (where there is one) and the run's `state`, atomically, keeping the newest `keep`."""
         final = self.root / f"step_{state['step']:08d}"
         tmp = final.with_name(final.name + _TMP_SUFFIX)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -220,6 +224,8 @@ class RunCheckpointer:
             shutil.rmtree(leftover)
         tmp.mkdir()
         await trainer.save_to.route(str((tmp / TRAINER_DIR).resolve()))
+        if critic is not None:
+            await critic.save_to.route(str((tmp / CRITIC_DIR).resolve()))
         blob = io.BytesIO()
         torch.save(state, blob)
         # Fails now, not at the resume: a value that loading would refuse.
@@ -238,21 +244,28 @@ class RunCheckpointer:
         logger.info("saved run checkpoint %s", final)
         return final
 
-    async def read(self, path: Path, trainer: Any) -> dict[str, Any]:
-        """Puts the trainer back in the state of checkpoint `path` (its `load_from` endpoint);
-        returns the run state `write` saved with it."""
+    async def read(self, path: Path, trainer: Any, critic: Any = None) -> dict[str, Any]:
+        """Puts the trainer (and the critic, where there is one) back in the state of checkpoint
+        `path` (their `load_from` endpoints); returns the run state `write` saved with it."""
         state = safe_load(path / STATE_FILE, str(path / STATE_FILE), _RUN_STATE_CLASSES)
-        trainer_step = await trainer.load_from.route(str((path / TRAINER_DIR).resolve()))
-        if trainer_step != state["step"]:
-            raise ValueError(
-                f"{path}: the trainer is at step {trainer_step}, the run state at {state['step']}"
-            )
+        models = [("trainer", trainer, TRAINER_DIR)] + ([("critic", critic, CRITIC_DIR)] if critic else [])
+        for name, model, directory in models:
+            if not (path / directory).is_dir():
+                raise ValueError(
+                    f"{path} has no {directory}/ (it was saved by a run without a {name}): resume it "
+                    f"with the config it was written with, or start afresh in another output_dir"
+                )
+            model_step = await model.load_from.route(str((path / directory).resolve()))
+            if model_step != state["step"]:
+                raise ValueError(
+                    f"{path}: the {name} is at step {model_step}, the run state at {state['step']}"
+                )
         return state
 
     async def restore(self, path: Path, actors: RunActors) -> Progress:
         """Puts every actor back in the state of checkpoint `path`; returns the loop's progress.
         The trainer's weights still have to be published (as `progress.version`)."""
-        state = await self.read(path, actors.trainer)
+        state = await self.read(path, actors.trainer, actors.critic)
         await actors.replay_buffer.load_state_dict.route(state["replay_buffer"])
         await actors.dataset.load_state_dict.route(state["dataset"])
         set_controller_rng_state(state["rng"]["controller"])

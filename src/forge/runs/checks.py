@@ -29,7 +29,11 @@ def check_run_inputs(cfg: GRPOConfig) -> None:
     tokenizer = AutoTokenizer.from_pretrained(cfg.generator.model_path)  # the generator's
     check_policy_model(cfg, len(tokenizer))
     if cfg.distill is not None:
-        check_teacher(cfg.distill.teacher_path, cfg.generator.model_path, tokenizer)
+        check_policy_tokenizer(
+            cfg.distill.teacher_path, "distill.teacher_path", "teacher", cfg.generator.model_path, tokenizer
+        )
+    if cfg.critic is not None and cfg.critic.path is not None:
+        check_policy_tokenizer(cfg.critic.path, "critic.path", "critic", cfg.generator.model_path, tokenizer)
     train, evaluation = load_prompt_rows(cfg.dataset)  # raises on a missing column or no prompts
     seq_len, max_tokens = cfg.trainer.engine.training.seq_len, cfg.generator.sampling.max_tokens
     if cfg.agent is not None:
@@ -176,30 +180,31 @@ def check_policy_model(cfg: GRPOConfig, tokenizer_size: int) -> None:
         )
 
 
-def check_teacher(teacher_path: str, policy_path: str, policy_tokenizer) -> None:
-    """The teacher (`distill.teacher_path`) is a checkpoint the trainer's engine loads, whose
-    tokenizer is the policy's (`policy_path`, the generator's): the teacher scores the token ids
-    the policy samples, which mean the same text only under one tokenizer."""
+def check_policy_tokenizer(path: str, key: str, role: str, policy_path: str, policy_tokenizer) -> None:
+    """A model that scores the policy's samples (the teacher, `distill.teacher_path`; the critic,
+    `critic.path`) is a checkpoint the trainer's engine loads, whose tokenizer is the policy's
+    (`policy_path`, the generator's): it reads the token ids the policy samples, which mean the
+    same text only under one tokenizer."""
     from transformers import AutoTokenizer
 
     from forge.engines.titan.checkpoint_model import check_tokenizer_fits, read_checkpoint_model
 
-    check_model_dir(teacher_path, "distill.teacher_path")
+    check_model_dir(path, key)
     try:
-        teacher_tokenizer = AutoTokenizer.from_pretrained(teacher_path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as error:
         raise ValueError(
-            f"distill.teacher_path: no tokenizer loads from {teacher_path} ({error}); the teacher needs "
-            f"the policy's tokenizer ({policy_path}): copy its tokenizer files there"
+            f"{key}: no tokenizer loads from {path} ({error}); the {role} needs the policy's tokenizer "
+            f"({policy_path}): copy its tokenizer files there"
         ) from None
-    differences = tokenizer_differences(policy_tokenizer, teacher_tokenizer)
+    differences = tokenizer_differences(policy_tokenizer, tokenizer)
     if differences:
         raise ValueError(
-            f"distill.teacher_path: the teacher's tokenizer ({teacher_path}) is not the policy's "
-            f"({policy_path}): {'; '.join(differences)} (policy vs teacher). The teacher scores the "
-            "policy's token ids: distill from a teacher that shares the policy's tokenizer"
+            f"{key}: the {role}'s tokenizer ({path}) is not the policy's ({policy_path}): "
+            f"{'; '.join(differences)} (policy vs {role}). The {role} reads the policy's token ids: "
+            f"use a {role} that shares the policy's tokenizer"
         )
-    check_tokenizer_fits(len(policy_tokenizer), read_checkpoint_model(teacher_path), teacher_path)
+    check_tokenizer_fits(len(policy_tokenizer), read_checkpoint_model(path), path)
 
 
 def tokenizer_differences(a, b) -> list[str]:

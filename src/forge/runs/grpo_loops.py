@@ -9,8 +9,8 @@ the replay buffer. forge.grpo.run launches the actors (forge.grpo.launch) and ha
       environment turns; newest weights, at        store put in the background -> generators
       least the version of the step that will      pick it up before their next request, or
       train them less max_policy_age)              while it runs (update_mode: in_flight)
-      -> reward -> advantages -> reference
-      (and teacher) -> token advantages
+      -> reward -> advantages -> reference     Critic.train_step on the same batch
+      (teacher, critic) -> token advantages      (PPO: rollout.advantage gae)
       -> ReplayBuffer.add
 
 The staleness bound (forge.staleness) pauses rollouts whose episodes could only go stale;
@@ -42,8 +42,8 @@ from forge.staleness import StalenessBound
 
 @dataclass
 class GRPOActors:
-    """The handles the loops drive (trainer, advantages, reference and teacher None when the
-    config has none; with LoRA the reference is the trainer, `GRPOConfig.reference_in_trainer`;
+    """The handles the loops drive (trainer, advantages, reference, teacher and critic None when
+    the config has none; with LoRA the reference is the trainer, `GRPOConfig.reference_in_trainer`;
     reward_models: forge.rewards.models.RewardModels, or None for none)."""
 
     dataset: Any
@@ -55,6 +55,7 @@ class GRPOActors:
     reference: Any
     reward_models: Any = None
     teacher: Any = None
+    critic: Any = None
 
 
 def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, str]:
@@ -102,6 +103,7 @@ class GRPOLoops:
             actors.dataset,
             actors.rollouts.generator,
             actors.rollouts.deadline.base_s,
+            actors.critic,
         )
 
     async def resume(self) -> Progress:
@@ -154,6 +156,7 @@ class GRPOLoops:
                         reward_models=a.reward_models,
                         teacher=a.teacher,
                         token_advantages=cfg.token_advantages,
+                        critic=a.critic,
                     )
             finally:
                 await self.bound.finish_rollout(slot.episodes, added)
@@ -212,7 +215,7 @@ class GRPOLoops:
             episode_versions = [int(v) for b in batch for v in b.policy_versions]
             if trainer is not None:  # trainer.enabled=false: only generate and record
                 async with self._generator_asleep():
-                    self.skips.observe(step, await trainer.train_step.route(batch))
+                    self.skips.observe(step, await self._train_step(batch))
                 version += 1
                 sync_started = time.perf_counter()
                 await trainer.push_weights.route(version)
@@ -235,6 +238,15 @@ class GRPOLoops:
         if trainer is not None:
             await trainer.wait_published.route()
         return history
+
+    async def _train_step(self, batch) -> dict[str, float]:
+        """The policy's step on `batch`, and the critic's on the same batch at the same time
+        (where there is one); returns the policy's metrics."""
+        trainer, critic = self.actors.trainer, self.actors.critic
+        if critic is None:
+            return await trainer.train_step.route(batch)
+        metrics, _ = await asyncio.gather(trainer.train_step.route(batch), critic.train_step.route(batch))
+        return metrics
 
     @contextlib.asynccontextmanager
     async def _generator_asleep(self):

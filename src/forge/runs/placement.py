@@ -23,10 +23,11 @@ def policy_settings(model_cfg) -> dict[str, Any]:
 
 def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
     """Per trainer GPU: the policy's weights, gradients and two AdamW moments in the training
-    dtype, and the weights of the reference model and of the teacher (distill) where there are
-    any (they share the trainer's GPUs), over the FSDP shards; with LoRA, the frozen weights once
-    (in their dtype) and the adapters' four copies, the reference being the trainer's own model.
-    A floor: activations come on top."""
+    dtype, the weights of the reference model and of the teacher (distill) where there are any,
+    and the critic's weights, gradients and moments where there is one (they share the trainer's
+    GPUs), over the FSDP shards; with LoRA, the frozen weights once (in their dtype) and the
+    adapters' four copies, the reference being the trainer's own model. A floor: activations
+    come on top."""
     from forge.engines.titan.checkpoint_model import (
         lora_parameter_count,
         parameter_count,
@@ -45,6 +46,9 @@ def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
         state = parameter_count(settings) * itemsize * (4 + (1 if cfg.reference_actor else 0))
     if cfg.distill is not None:
         state += parameter_count(read_checkpoint_model(cfg.distill.teacher_path).settings) * itemsize
+    if cfg.critic is not None:
+        critic = settings if cfg.critic.path is None else read_checkpoint_model(cfg.critic.path).settings
+        state += parameter_count(critic) * 4 * itemsize
     return state / shards / 2**30
 
 

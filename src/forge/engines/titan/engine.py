@@ -159,7 +159,7 @@ class TitanEngine:
         with torch.device("meta"), set_default_dtype(TORCH_DTYPE_MAP[self.config.training.dtype]):
             model = self.spec.model_cls(self.model_args)
         use_document_attention(model)
-        model.output = ScoringHead.replacing(model.output)
+        model.output = self._output_layer(model.output)
         if self.config.lora is not None and self.trainable:
             frozen_dtype = TORCH_DTYPE_MAP[self.config.training.frozen_dtype]
             self.adapters = LoraAdapters.add_to(model, self.adapter, self.config.lora, frozen_dtype)
@@ -168,7 +168,6 @@ class TitanEngine:
         self.flops = ModelFlops(model, args.n_layers, args.n_heads, head_dim)
         model = parallelize(model, self.spec, self.parallel_dims, self.job_config)
         self._head = model.output
-        self._head.scored_rows = self.config.model.sampled_rows
         model.to_empty(device=self.device)
         with torch.no_grad():
             model.init_weights(buffer_device=None)
@@ -180,6 +179,14 @@ class TitanEngine:
             )
         model.train()
         return model
+
+    def _output_layer(self, linear: torch.nn.Linear) -> torch.nn.Module:
+        """What replaces the model's output layer (on the meta device, before parallelizing): the
+        scoring head on the same weight; a value model puts its scalar head there instead
+        (``forge.engines.titan.value``)."""
+        head = ScoringHead.replacing(linear)
+        head.scored_rows = self.config.model.sampled_rows
+        return head
 
     def _compute_context(self) -> contextlib.AbstractContextManager:
         """Around every pass of a step or scoring call, backward passes included (activation

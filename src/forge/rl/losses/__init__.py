@@ -12,7 +12,16 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field
 
 from forge.rl.losses.base import BaseLossConfig, Loss, LossOutput, PolicyLoss
-from forge.rl.losses.ppo import DAPOLoss, DAPOLossConfig, GRPOLoss, GRPOLossConfig, GSPOLoss, GSPOLossConfig
+from forge.rl.losses.ppo import (
+    DAPOLoss,
+    DAPOLossConfig,
+    GRPOLoss,
+    GRPOLossConfig,
+    GSPOLoss,
+    GSPOLossConfig,
+    PPOLoss,
+    PPOLossConfig,
+)
 from forge.rl.losses.reinforce import CISPOLoss, CISPOLossConfig, ReinforceLoss, ReinforceLossConfig
 from forge.rl.losses.sft import SFTLoss, SFTLossConfig
 
@@ -20,6 +29,7 @@ LOSSES: dict[str, type[Loss]] = {
     "grpo": GRPOLoss,
     "dapo": DAPOLoss,
     "gspo": GSPOLoss,
+    "ppo": PPOLoss,
     "cispo": CISPOLoss,
     "reinforce": ReinforceLoss,
     "sft": SFTLoss,
@@ -47,7 +57,13 @@ def _known_loss(section: Any) -> Any:
 
 
 LossConfig = Annotated[
-    GRPOLossConfig | DAPOLossConfig | GSPOLossConfig | CISPOLossConfig | ReinforceLossConfig | SFTLossConfig,
+    GRPOLossConfig
+    | PPOLossConfig
+    | DAPOLossConfig
+    | GSPOLossConfig
+    | CISPOLossConfig
+    | ReinforceLossConfig
+    | SFTLossConfig,
     Field(discriminator="name"),
     BeforeValidator(_known_loss),
 ]
@@ -69,6 +85,7 @@ __all__ = [
     "Loss",
     "LossConfig",
     "LossOutput",
+    "PPOLoss",
     "PolicyLoss",
     "ReinforceLoss",
     "SFTLoss",

@@ -1,4 +1,4 @@
-"""PPO-clip family: GRPO, DAPO and GSPO differ in the ratio they clip, the clip range, the KL
+"""PPO-clip family: PPO, GRPO, DAPO and GSPO differ in the ratio they clip, the clip range, the KL
 term and the aggregation, and share everything else."""
 
 from typing import ClassVar, Literal
@@ -45,6 +45,26 @@ class ClippedSurrogateLoss(PolicyLoss):
             loss = weight * loss
             metrics.update(weight_metrics)
         return TokenTerms(loss, ratio, response, metrics)
+
+
+class PPOLossConfig(ClippedSurrogateConfig):
+    name: Literal["ppo"] = "ppo"
+    agg_type: AggMode = "token_mean"
+
+
+class PPOLoss(ClippedSurrogateLoss):
+    """PPO's policy loss (Schulman et al. 2017): the clipped surrogate on per-token advantages,
+    ``loss = mean_t -min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t)`` over the step's
+    response tokens, with no KL term (PPO for LLMs puts the KL to the reference in the token
+    rewards: ``rollout.kl_coef``). It is GRPO's surrogate; what makes a run PPO is its advantages,
+    GAE from a critic (``rollout.advantage: gae``), and this loss names that run's defaults."""
+
+    config_class = PPOLossConfig
+
+    def _token_terms(
+        self, logprobs: Tensor, advantages: Tensor, response: Tensor, batch: PolicyBatch
+    ) -> TokenTerms:
+        return self._surrogate(logprobs, advantages, response, batch)
 
 
 class GRPOLossConfig(ClippedSurrogateConfig):

@@ -20,27 +20,14 @@ steps up to it (the sum of `grpo/step_s`: start-up and the warm start not counte
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
 from apps.grpo.main import main as run_app
 
+from app_runs import curve, read_rows
+
 CONFIG = "configs/grpo/tiny_cpu.yaml"
-
-
-def read_rows(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def curve(rows: list[dict]) -> list[tuple[int, float, float]]:
-    """(step, held-out accuracy, seconds of train steps up to it) at each eval."""
-    seconds, out = 0.0, []
-    for row in rows:
-        seconds += row.get("grpo/step_s", 0.0) if row["step"] else 0.0
-        if "eval/accuracy" in row:
-            out.append((row["step"], row["eval/accuracy"], seconds))
-    return out
 
 
 def reached(points: list[tuple[int, float, float]], target: float) -> tuple[int, float] | None:

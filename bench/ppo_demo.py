@@ -18,22 +18,19 @@ gain over the warm start. The `key=value` overrides go to both runs (e.g. `eval.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
 from apps.grpo.main import main as run_app
 
+from app_runs import curve, read_rows
+
 CONFIG = "configs/grpo/tiny_cpu.yaml"
 
 
 def accuracies(output_dir: Path) -> dict[int, float]:
-    """Held-out accuracy by step, at each eval of a finished run (None: no run there yet)."""
-    metrics = output_dir / "metrics.jsonl"
-    if not metrics.is_file():
-        return {}
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return {row["step"]: row["eval/accuracy"] for row in rows if "eval/accuracy" in row}
+    """Held-out accuracy by step, at each eval of a finished run (empty: no run there yet)."""
+    return {step: accuracy for step, accuracy, _ in curve(read_rows(output_dir))}
 
 
 def main() -> None:
@@ -75,8 +72,8 @@ def main() -> None:
     )
     print("| run | start acc | final acc | gain |")
     print("|---|---:|---:|---:|")
-    for name, curve in (("GRPO, groups of 16", grpo), ("PPO + critic, group_size 1", ppo)):
-        start, final = curve[min(curve)], curve[max(curve)]
+    for name, by_step in (("GRPO, groups of 16", grpo), ("PPO + critic, group_size 1", ppo)):
+        start, final = by_step[min(by_step)], by_step[max(by_step)]
         print(f"| {name} | {start:.3f} | {final:.3f} | {final - start:+.3f} |")
     print("\n| step | GRPO acc | PPO acc |")
     print("|---:|---:|---:|")

@@ -11,8 +11,6 @@ import math
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +20,7 @@ import pytest
 import torch
 from apps.grpo.main import main
 from damage import dcp_shard, truncate
-from processes import actor_processes, children_left
+from processes import actor_processes, children_left, run_killing_after_checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from forge.actors.generator import GeneratorConfig, build_generation_engine
@@ -263,23 +261,10 @@ def test_a_killed_trainer_names_itself_and_the_restarted_run_equals_the_serial_r
 
     killed = tmp_path / "killed"
     argv = ["--config", str(config), *SYNC, f"output_dir={killed}", f"metrics.jsonl_path={killed}/m.jsonl"]
-    app = subprocess.Popen(
-        [sys.executable, "-m", "apps.grpo.main", *argv, "max_restarts=1", "restart_backoff_s=0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    returncode, output = run_killing_after_checkpoint(
+        [*argv, "max_restarts=1", "restart_backoff_s=0"], killed, "TitanTrainer"
     )
-    try:
-        deadline = time.time() + 600
-        while not (killed / "checkpoints" / "step_00000002" / "run_state.pt").exists():
-            assert app.poll() is None and time.time() < deadline, "the run ended before its step-2 checkpoint"
-            time.sleep(0.1)
-        [trainer] = actor_processes(app.pid, "TitanTrainer")
-        trainer.send_signal(signal.SIGKILL)
-        output = app.communicate(timeout=600)[0]
-    finally:
-        app.kill()
-    assert app.returncode == 0, output[-3000:]
+    assert returncode == 0, output[-3000:]
     # Named by whichever comes first, the failed call or Monarch's report of the death; the
     # reason's wording varies ("Killed(sig=9)", or a timeout waiting for the dead process).
     assert re.search(r"error: actor TitanTrainer_\d+ died", output), output[-3000:]

@@ -8,12 +8,9 @@ resume covers the critic's weights and optimizer."""
 import json
 import os
 import re
-import subprocess
-import sys
-import time
 
 import pytest
-from processes import actor_processes
+from processes import run_killing_after_checkpoint
 
 from forge.config import load_config
 from forge.grpo.config import GRPOConfig
@@ -75,23 +72,10 @@ def test_a_ppo_run_trains_its_critic_equals_the_serial_recipe_and_resumes_it(
 
     run = tmp_path / "run"
     argv = ["--config", str(config), *PPO, f"output_dir={run}"]
-    app = subprocess.Popen(
-        [sys.executable, "-m", "apps.grpo.main", *argv, "max_restarts=1", "restart_backoff_s=0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    returncode, output = run_killing_after_checkpoint(
+        [*argv, "max_restarts=1", "restart_backoff_s=0"], run, "Critic"
     )
-    try:
-        deadline = time.time() + 600
-        while not (run / "checkpoints" / "step_00000002" / "run_state.pt").exists():
-            assert app.poll() is None and time.time() < deadline, "the run ended before its step-2 checkpoint"
-            time.sleep(0.1)
-        [critic] = actor_processes(app.pid, "Critic")
-        critic.kill()
-        output = app.communicate(timeout=600)[0]
-    finally:
-        app.kill()
-    assert app.returncode == 0, output[-3000:]
+    assert returncode == 0, output[-3000:]
     assert re.search(r"error: actor Critic_\d+ died", output), output[-3000:]
     assert "resume: continuing after step 2" in output
     # The checkpoint holds the critic's state beside the trainer's.

@@ -1,8 +1,12 @@
-"""An app's processes: the live child processes a finished run left behind, and the actor
-processes of a running app."""
+"""An app's processes: the live child processes a finished run left behind, the actor
+processes of a running app, and an app run whose actor is killed mid-run."""
 
 import re
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -36,3 +40,29 @@ def actor_processes(app_pid: int, name: str) -> list[psutil.Process]:
             continue
     actors = [(n, child) for n, child in found.values() if child.ppid() not in found]
     return [child for _, child in sorted(actors, key=lambda item: item[0])]
+
+
+def run_killing_after_checkpoint(
+    argv: list[str], run_dir: Path, actor: str, step: int = 2
+) -> tuple[int, str]:
+    """Runs the GRPO app (`argv`) in a subprocess, SIGKILLs its `actor` process once the run's
+    step-`step` checkpoint is complete, and waits for the app to end: (exit code, its output)."""
+    app = subprocess.Popen(
+        [sys.executable, "-m", "apps.grpo.main", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 600
+        while not (run_dir / "checkpoints" / f"step_{step:08d}" / "run_state.pt").exists():
+            assert app.poll() is None and time.time() < deadline, (
+                f"the run ended before its step-{step} checkpoint"
+            )
+            time.sleep(0.1)
+        [process] = actor_processes(app.pid, actor)
+        process.send_signal(signal.SIGKILL)
+        output = app.communicate(timeout=600)[0]
+    finally:
+        app.kill()
+    return app.returncode, output

@@ -16,7 +16,7 @@ import asyncio
 
 from monarch.actor import current_rank, endpoint
 
-from forge.controller import ForgeActor
+from forge.actors.engine_checkpoints import EngineCheckpoints
 from forge.data.types import Completion
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.shares import Share, join_shares
@@ -24,7 +24,7 @@ from forge.observability import Reduce, record_metric
 from forge.rl.batch import PolicyBatch
 
 
-class Critic(ForgeActor):
+class Critic(EngineCheckpoints):
     def __init__(self, engine: TitanEngineConfig, value_clip: float | None):
         self.engine_config = engine
         self.value_clip = value_clip
@@ -59,17 +59,6 @@ class Critic(ForgeActor):
             for key, value in metrics.items():
                 record_metric(key, value, Reduce.MEAN)
         return metrics
-
-    @endpoint
-    async def save_to(self, directory: str) -> str:
-        """Model, optimizer, LR schedule and step into `directory` (DCP; every rank writes)."""
-        return str(self.engine.save_to(directory))
-
-    @endpoint
-    async def load_from(self, directory: str) -> int:
-        """Restores what `save_to` wrote; returns the restored step."""
-        self.engine.load_from(directory)
-        return self.engine.step
 
 
 async def critic_values(critic, completions: list[Completion]) -> list[list[float]]:

@@ -17,8 +17,8 @@ import torch
 from monarch.actor import current_rank, endpoint
 from torch.profiler import record_function
 
+from forge.actors.engine_checkpoints import EngineCheckpoints
 from forge.actors.reference import record_reference_pass
-from forge.controller import ForgeActor
 from forge.data.types import Completion
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.row_shards import gather_to_first_rank
@@ -30,7 +30,7 @@ from forge.rl.losses import LossConfig, loss_from_config
 from forge.weight_sync import WeightPublisher, build_transport
 
 
-class TitanTrainer(ForgeActor):
+class TitanTrainer(EngineCheckpoints):
     """Runs on `procs` ranks (data parallel); every endpoint is called on all ranks."""
 
     def __init__(
@@ -153,17 +153,6 @@ class TitanTrainer(ForgeActor):
     async def wait_published(self) -> None:
         """Until the last `push_weights` is in the store (raises if that failed)."""
         await self.publisher.wait()
-
-    @endpoint
-    async def save_to(self, directory: str) -> str:
-        """Model, optimizer, LR schedule and step into `directory` (DCP; every rank writes)."""
-        return str(self.engine.save_to(directory))
-
-    @endpoint
-    async def load_from(self, directory: str) -> int:
-        """Restores what `save_to` wrote; returns the restored step."""
-        self.engine.load_from(directory)
-        return self.engine.step
 
     @endpoint
     async def export_hf(

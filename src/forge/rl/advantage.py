@@ -100,13 +100,6 @@ def reinforce_pp_advantages(
     every sampled token of every sequence, which replaces GRPO's per-group baseline by one of
     the batch (so it works with one sample per prompt).
     """
-    _check_token_shapes("reinforce_pp_advantages", mask, logprobs=logprobs, ref_logprobs=ref_logprobs)
-    if rewards.shape != mask.shape[:1]:
-        raise ValueError(
-            f"reinforce_pp_advantages: rewards must be [batch] = [{mask.shape[0]}], got {tuple(rewards.shape)}"
-        )
-    if (ref_logprobs is None) != (logprobs is None):
-        raise ValueError("reinforce_pp_advantages: the KL penalty needs both logprobs and ref_logprobs")
     token_rewards = sequence_token_rewards(rewards, mask, logprobs, ref_logprobs, kl_coef)
     returns = token_rewards.flip(-1).cumsum(-1).flip(-1)
     return whiten(returns, mask, eps)

@@ -12,7 +12,9 @@ import re
 import pytest
 import torch
 from apps.grpo.main import main
+from peft import PeftModel
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from forge.config import load_config
 from forge.engines.titan.engine import TitanEngine
@@ -86,6 +88,17 @@ def test_generators_sample_the_merged_policy_and_the_trainer_is_the_reference(gr
         torch.testing.assert_close(
             torch.tensor(decode_floats(record["ref_logprobs"])), torch.tensor(row), rtol=0, atol=1e-5
         )
+
+    # The run's exports: the merged model, and the adapter alone, which peft loads onto the
+    # checkpoint the run started from to give the merged model's logits.
+    merged = AutoModelForCausalLM.from_pretrained(out / "export", torch_dtype=torch.float32)
+    start = AutoModelForCausalLM.from_pretrained(cfg.policy_path, torch_dtype=torch.float32)
+    ids = torch.tensor([list(completions[0].prompt_ids) + list(completions[0].response_ids)])
+    with torch.no_grad():
+        moved = (start(ids).logits - merged(ids).logits).abs().max()
+        adapted = PeftModel.from_pretrained(start, out / "export_adapter")  # into `start`'s modules
+        error = (adapted(ids).logits - merged(ids).logits).abs().max()
+    assert error < 1e-4 < moved, (error, moved)
 
     serial = grpo_serial(cfg)
     assert len({row["train/loss"] for row in serial["metrics"]}) == 2  # not a comparison of constants

@@ -24,7 +24,9 @@ from forge.runs.checkpoint import CheckpointConfig
 
 
 class GRPOCheckpointConfig(CheckpointConfig):
-    # The final policy is always exported to output_dir/export; this also exports every N steps.
+    # The final policy is always exported to output_dir/export (with trainer.engine.lora: the
+    # merged model there, and the PEFT adapter in output_dir/export_adapter); this also exports
+    # every N steps.
     export_every: int = Field(0, ge=0, description="also export every N steps (0: only at the end)")
     # The exported weights' dtype; None keeps the starting checkpoint's (its config.json's).
     export_dtype: Literal["float32", "bfloat16", "float16"] | None = None

@@ -277,3 +277,7 @@ class GRPOLoops:
             await self.actors.trainer.export_hf.route(
                 str(Path(cfg.output_dir, "export").resolve()), cfg.policy_path, cfg.checkpoint.export_dtype
             )
+            if cfg.trainer.engine.lora is not None:  # the adapter alone too, for PEFT and vLLM's LoRA
+                await self.actors.trainer.export_peft.route(
+                    str(Path(cfg.output_dir, "export_adapter").resolve())
+                )

@@ -29,12 +29,25 @@ def test_the_total_covers_the_functions_and_the_environment():
     one_turn = completion("3")
     rewarded = completion("2", [Turn("assistant", "2", 1, reward=0.25)])
     pop_state()
-    [[odd], [even]] = asyncio.run(score_trajectories([[one_turn], [rewarded]], ["3", "2"], score_functions))
+    [[odd], [even]] = asyncio.run(
+        score_trajectories([[one_turn], [rewarded]], ["3", "2"], score_functions, env_reward=True)
+    )
     state = pop_state()
-    assert odd == (1.0 - 0.5, {"toy_task": 1.0, f"{__name__}:_raises_on_odd": -1.0}, {})
+    assert odd == (1.0 - 0.5, {"toy_task": 1.0, f"{__name__}:_raises_on_odd": -1.0, "env": 0.0}, {})
     assert even == (
         1.0 + 0.5 + 0.25,
         {"toy_task": 1.0, f"{__name__}:_raises_on_odd": 1.0, "env": 0.25},
         {},
     )
     assert state["reward/total"].value() == (odd[0] + even[0]) / 2
+
+
+def test_single_turn_rollouts_have_no_environment_source():
+    """Without an environment (the built-in one-turn one) the breakdown has no ``env`` key."""
+    scorer = RewardScorer([("toy_task", 1.0)])
+
+    async def score_functions(prompts, responses, targets):
+        return scorer.score_groups(prompts, responses, targets)
+
+    [[scored]] = asyncio.run(score_trajectories([[completion("3")]], ["3"], score_functions))
+    assert scored == (1.0, {"toy_task": 1.0}, {})

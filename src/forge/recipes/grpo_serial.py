@@ -139,7 +139,9 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
         rows, groups = [r for r, g in zip(rows, groups, strict=True) if g], [g for g in groups if g]
         # All groups in one batch, as the reward actor scores them: group functions see each group.
         scored_groups = asyncio.run(
-            score_trajectories(groups, [r["target"] for r in rows], score_functions, reward_models)
+            score_trajectories(
+                groups, [r["target"] for r in rows], score_functions, reward_models, cfg.env is not None
+            )
         )
         episodes = []
         for row, group, scores in zip(rows, groups, scored_groups, strict=True):

@@ -1,8 +1,8 @@
 """A rollout's rewards, summed for each trajectory from every source: the reward functions and the
 reward server (one batch call: the reward actor's, or a `RewardScorer`'s in this process), the
 reward models (`forge.rewards.models`, weighed into the total, their breakdown keyed by name) and
-the environment's step rewards (``env``). The app's rollout step and the serial recipe both score
-with `score_trajectories`.
+the environment's step rewards (``env``: a source of rollouts where an environment or an agent
+took turns). The app's rollout step and the serial recipe both score with `score_trajectories`.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ def score_inputs(group: list[Completion]) -> tuple[list[str], list[str]]:
     return [context for context, _ in pairs], [answer for _, answer in pairs]
 
 
-def with_env_reward(completion: Completion, total: float, breakdown: dict[str, float]):
-    """A trajectory's reward: the other sources' total plus its environment's step rewards; or
-    the reward its agent program returned, alone."""
+def with_env_reward(completion: Completion, total: float, breakdown: dict[str, float], env_reward: bool):
+    """A trajectory's reward: the other sources' total plus, with `env_reward`, its environment's
+    step rewards; or the reward its agent program returned, alone."""
     if completion.agent_reward is not None:
         return completion.agent_reward, {"agent": completion.agent_reward}
-    if completion.turns is None:
+    if not env_reward:
         return total, breakdown
     return total + completion.env_reward, {**breakdown, "env": completion.env_reward}
 
@@ -44,9 +44,11 @@ async def score_trajectories(
     targets: list[str],
     score_functions: ScoreFunctions,
     reward_models: RewardModels | None = None,
+    env_reward: bool = False,
 ) -> list[list[TrajectoryScore]]:
     """Each trajectory's reward, group by group (one target per group): the functions' call and
-    the reward models' calls for the whole rollout, at once. The totals, over every source, are
+    the reward models' calls for the whole rollout, at once; with `env_reward` (an environment or
+    an agent took turns), the environment's step rewards too. The totals, over every source, are
     recorded in ``reward/total``."""
     # Reward functions take the prompt as a string: `Completion.prompt`, a string prompt as
     # written, chat messages as the chat template rendered them; after several turns, the
@@ -60,7 +62,7 @@ async def score_trajectories(
     models_total = reward_models.weighted_total if reward_models is not None else lambda values: 0.0
     scored = [
         [
-            (*with_env_reward(c, total + models_total(values), {**breakdown, **values}), notes)
+            (*with_env_reward(c, total + models_total(values), {**breakdown, **values}, env_reward), notes)
             for c, (total, breakdown), (values, notes) in zip(group, group_scores, group_models, strict=True)
         ]
         for group, group_scores, group_models in zip(groups, scores, model_scores, strict=True)

@@ -51,6 +51,12 @@ class Rollouts:
     env_failures: EnvFailures = field(default_factory=EnvFailures)
     agent: AgentRollouts | None = None
 
+    @property
+    def env_reward(self) -> bool:
+        """Whether the environment's step rewards are a reward source (``env`` in the breakdown):
+        where an environment or an agent takes turns, not in single-turn rollouts."""
+        return self.envs is not None or self.agent is not None
+
     async def groups(
         self,
         rows: list[dict],
@@ -99,7 +105,7 @@ class Rollouts:
 
 
 async def score_groups(
-    rows: list[dict], groups: list[list[Completion]], reward, advantages, reward_models=None
+    rows: list[dict], groups: list[list[Completion]], reward, advantages, reward_models=None, env_reward=False
 ) -> list[list[Episode]]:
     """Rewards (`forge.rollout.scores`: the reward actor's functions and server, the reward
     models, the environment's), then group-relative advantages, for the completions of each
@@ -107,7 +113,7 @@ async def score_groups(
     An agent's episode split into several sequences is scored once, by its final one, and each
     sequence becomes an episode with that reward and advantage."""
     scores = await score_trajectories(
-        groups, [r["target"] for r in rows], reward.evaluate_groups.route, reward_models
+        groups, [r["target"] for r in rows], reward.evaluate_groups.route, reward_models, env_reward
     )
     values = await advantages.compute_groups.route([[total for total, *_ in group] for group in scores])
     scored = []
@@ -227,7 +233,7 @@ async def rollout_step(
     rows, groups = [r for r, g in zip(rows, groups, strict=True) if g], [g for g in groups if g]
     if not groups:
         return []
-    scored = await score_groups(rows, groups, reward, advantages, reward_models)
+    scored = await score_groups(rows, groups, reward, advantages, reward_models, rollouts.env_reward)
     signal = [has_signal(torch.tensor([e.reward for e in g])) for g in scored]
     kept = [g for g, s in zip(scored, signal, strict=True) if s or not skip_groups_without_signal]
     skipped = [g for g, s in zip(scored, signal, strict=True) if not s and skip_groups_without_signal]

@@ -1,5 +1,5 @@
-"""The Generator actor renders chat-message prompts with the tokenizer's template and samples from
-exactly those ids, for rollouts and for the eval alike; stop strings reach its engine."""
+"""Rollouts render chat-message prompts with the tokenizer's template and the Generator actor
+samples from exactly those ids, for rollouts and for the eval alike; stop strings reach its engine."""
 
 import asyncio
 import shutil
@@ -52,16 +52,17 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
         await store.initialize()
         generator = await Generator.as_actor(config)
         try:
-            groups = await generator.generate_batch.route([MESSAGES, "7+8="], n=2)
             rollouts = Rollouts(generator, TurnRenderer(PromptRenderer(tokenizer, "auto")), max_tokens=12)
+            groups = await rollouts.groups([{"prompt": MESSAGES}, {"prompt": "7+8="}], None, 0, 2)
             await greedy_eval(
                 rollouts, [{"prompt": MESSAGES, "target": "46"}], RecordingScorer(), max_tokens=2
             )
             # One sample key for both calls: the same draws.
-            [free] = await generator.generate_batch.route([MESSAGES], [0], n=4)
+            chat_ids = groups[0][0].prompt_ids
+            [free] = await generator.generate.route([chat_ids], [0], n=4)
             # A stop string from a sample: the text of its third and fourth tokens.
             stop = next(text for c in free if (text := decode(c.response_ids[2:4])) and c.response_len >= 4)
-            [stopped] = await generator.generate_batch.route([MESSAGES], [0], n=4, stop=[stop])
+            [stopped] = await generator.generate.route([chat_ids], [0], n=4, stop=[stop])
             return groups, free, stopped, stop
         finally:
             await store.shutdown()

@@ -68,7 +68,7 @@ class Rollouts:
     ) -> list[list[Completion] | None]:
         async def generate(prompt_ids, sample_keys, n: int, max_tokens: int, **sampling):
             seconds = self.deadline.seconds(len(prompt_ids) * n * max_tokens)
-            return await self.generator.generate_ids.route_within(
+            return await self.generator.generate.route_within(
                 seconds,
                 prompt_ids,
                 sample_keys,

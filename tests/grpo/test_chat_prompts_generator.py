@@ -12,6 +12,8 @@ from forge.controller import shutdown
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.tokenizer import embedded_tokenizer
 from forge.envs.turns import TurnRenderer
+from forge.observability.collector import pop_state
+from forge.rewards.sources import RewardFunctions, RolloutScorer
 from forge.rollout.eval import greedy_eval
 from forge.rollout.step import Rollouts
 
@@ -41,12 +43,16 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
     config = GeneratorConfig(model_path=str(path), sampling={"max_tokens": 12, "seed": 0})
     eval_prompts = []
 
-    class RecordingScorer:  # what greedy_eval asks of a RewardScorer
-        metric_prefix = "eval/reward"
+    async def recording_functions(prompts, responses, targets):  # what the eval's functions see
+        eval_prompts.extend(prompt for group in prompts for prompt in group)
+        return [[(0.0, {}) for _ in group] for group in responses]
 
-        def score_many(self, items):
-            eval_prompts.extend(prompt for prompt, _, _ in items)
-            return [(0.0, {}) for _ in items]
+    async def no_failures():
+        return {"errors": 0, "timeouts": 0}
+
+    eval_scorer = RolloutScorer(
+        [RewardFunctions(recording_functions, {}, no_failures)], metric_prefix="eval/reward"
+    )
 
     async def main():
         await store.initialize()
@@ -54,9 +60,7 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
         try:
             rollouts = Rollouts(generator, TurnRenderer(PromptRenderer(tokenizer, "auto")), max_tokens=12)
             groups = await rollouts.groups([{"prompt": MESSAGES}, {"prompt": "7+8="}], None, 0, 2)
-            await greedy_eval(
-                rollouts, [{"prompt": MESSAGES, "target": "46"}], RecordingScorer(), max_tokens=2
-            )
+            await greedy_eval(rollouts, [{"prompt": MESSAGES, "target": "46"}], eval_scorer, max_tokens=2)
             # One sample key for both calls: the same draws.
             chat_ids = groups[0][0].prompt_ids
             [free] = await generator.generate.route([chat_ids], [0], n=4)
@@ -67,6 +71,7 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
         finally:
             await store.shutdown()
             await shutdown()
+            pop_state()  # the eval's metrics, which no run's logger takes: not the next test's
 
     groups, free, stopped, stop = asyncio.run(main())
 

@@ -1,16 +1,17 @@
 """Reward models as actors: a classifier actor, a judge (a frozen `Generator`), and their
-services as the clients `forge.rewards.models.RewardModels` scores with.
+services as the clients a `forge.rewards.sources.RewardModel` source scores with.
 
 Each model of `reward.models` runs as a service, also with one replica: a replica that dies or
 misses its call's deadline (`timeout_s`) is replaced and the call retried
 (forge.controller.service), where a lone actor's death would stop the run and a hung one,
 killed, would leave every later rollout unscored. A call that fails for good scores
-`reward.error_reward` for its responses and is counted (`forge.rewards.models`); the run goes
+`reward.error_reward` for its responses and is counted (`forge.rewards.sources`); the run goes
 on, as it does for reward functions.
 
-The services are handles of the controller (they replace replicas from its event loop), so the
-rollout's scoring calls them from there (`forge.rollout.scores`), next to its call to
-the reward actor that runs the reward functions.
+The services are handles of the controller (they replace replicas from its event loop): a
+`Service` cannot be handed to another actor. So the rollout's scorer runs on the controller and
+calls them from there (`forge.rewards.sources.RolloutScorer`), next to its call to the reward
+actor that runs the reward functions.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from forge.controller.gpu_plan import TRAINER_GROUP
 from forge.controller.liveness import ActorHungError
 from forge.controller.service import ReplicaHungError
 from forge.data.chat_prompts import PromptRenderer
-from forge.rewards.models import RewardModels
 
 
 class ClassifierRewardModel(ForgeActor):
@@ -75,7 +75,7 @@ async def launch_reward_model(m: RewardModelConfig, gpus: bool) -> Any:
 
 
 class ServiceModel:
-    """A reward model's service (or lone actor) as a `forge.rewards.models.ModelClient`: every
+    """A reward model's service (or lone actor) as a `forge.rewards.sources.ModelClient`: every
     call within the model's `timeout_s`; one whose last try hung raises `TimeoutError`. A judge's
     questions are rendered here (`judge_renderer`) and sent as ids."""
 
@@ -96,10 +96,10 @@ class ServiceModel:
             raise TimeoutError(str(e)) from e
 
 
-async def launch_reward_models(cfg: RewardConfig, gpus: bool) -> RewardModels:
+async def launch_reward_models(cfg: RewardConfig, gpus: bool) -> list[ServiceModel]:
+    """A client of each model of `reward.models`, in order, over its service."""
     handles = await asyncio.gather(*(launch_reward_model(m, gpus) for m in cfg.models))
-    clients = [
+    return [
         ServiceModel(h, m.timeout_s, judge_renderer(m) if m.kind == "judge" else None)
         for m, h in zip(cfg.models, handles, strict=True)
     ]
-    return RewardModels(list(zip(cfg.models, clients, strict=True)), cfg.error_reward)

@@ -28,6 +28,7 @@ from forge.data.chat_prompts import PromptRenderer
 from forge.envs.turns import TurnRenderer
 from forge.grpo.config import GRPOConfig
 from forge.rewards.scorer import RewardScorer
+from forge.rewards.sources import RewardFunctions, RolloutScorer
 from forge.rollout.records import RolloutRecorder, batches_path
 from forge.rollout.step import Rollouts
 from forge.runs.grpo_loops import GRPOActors
@@ -117,10 +118,11 @@ async def start_agent(cfg: GRPOConfig, renderer: TurnRenderer) -> AgentRollouts 
 
 
 async def launch_actors(
-    cfg: GRPOConfig, recorder: RolloutRecorder | None, eval_scorer: RewardScorer, tokenizer
+    cfg: GRPOConfig, recorder: RolloutRecorder | None, eval_functions: RewardScorer, tokenizer
 ) -> GRPOActors:
-    """Every actor of the run, launched together; the eval scorer's worker starts meanwhile (not
-    on the initial eval's time). `tokenizer`: the generator's."""
+    """Every actor of the run, launched together, and the rollouts' scorer over them; the eval's
+    reward worker (`eval_functions`) starts meanwhile (not on the initial eval's time).
+    `tokenizer`: the generator's."""
     pad = pad_id(tokenizer)
     transport = resolve_transport(cfg.generator.weight_transport, one_host=not cfg.provisioner.hosts)
     gpus = torch.cuda.is_available()
@@ -145,7 +147,7 @@ async def launch_actors(
         ComputeAdvantages.as_actor(cfg.rollout.advantage),
         launch_reference(cfg, gpus),
         launch_reward_models(cfg.reward, gpus),
-        asyncio.to_thread(eval_scorer.start),
+        asyncio.to_thread(eval_functions.start),
     )
     renderer = turn_renderer(cfg, tokenizer)
     rollouts = Rollouts(
@@ -158,4 +160,12 @@ async def launch_actors(
         deadline=cfg.generator.deadline,
         agent=await start_agent(cfg, renderer),
     )
-    return GRPOActors(dataset, rollouts, trainer, replay_buffer, reward, advantages, reference, reward_models)
+    # On this process: the reward models' services are its handles (forge.rewards.sources).
+    scorer = RolloutScorer.for_run(
+        cfg.reward,
+        RewardFunctions.of(cfg.reward, reward.evaluate_groups.route, reward.counts.route),
+        reward_models,
+        environment=cfg.env is not None,
+        agent=cfg.agent is not None,
+    )
+    return GRPOActors(dataset, rollouts, trainer, replay_buffer, scorer, advantages, reference)

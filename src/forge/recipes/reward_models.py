@@ -1,4 +1,4 @@
-"""Reward models in this process, for the serial recipe: the clients (`forge.rewards.models.
+"""Reward models in this process, for the serial recipe: the clients (`forge.rewards.sources.
 ModelClient`) of a classifier and of a judge, with the engines the app's actors wrap."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from forge.actors.reward import RewardConfig, RewardModelConfig
 from forge.actors.reward_models import judge_generator_config, judge_renderer
 from forge.engines.generation import to_completions
 from forge.engines.reward_classifier import ClassifierRewardEngine
-from forge.rewards.models import ModelClient, RewardModels
+from forge.rewards.sources import ModelClient
 
 
 class LocalClassifier:
@@ -37,9 +37,6 @@ class LocalJudge:
         return [samples[0].text for samples in completions]
 
 
-def local_reward_models(cfg: RewardConfig) -> RewardModels:
-    """`reward.models`, each loaded in this process."""
-    clients: list[ModelClient] = [
-        LocalClassifier(m) if m.kind == "classifier" else LocalJudge(m) for m in cfg.models
-    ]
-    return RewardModels(list(zip(cfg.models, clients, strict=True)), cfg.error_reward)
+def local_reward_models(cfg: RewardConfig) -> list[ModelClient]:
+    """A client of each model of `reward.models`, in order, loaded in this process."""
+    return [LocalClassifier(m) if m.kind == "classifier" else LocalJudge(m) for m in cfg.models]

@@ -26,11 +26,11 @@ from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError
 from forge.data.types import Completion, Episode
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
+from forge.rewards.sources import RolloutScorer
 from forge.rl.advantage import has_signal
 from forge.rollout.env_failures import EnvFailures
 from forge.rollout.groups import EnvSessions, OneTurn, TrajectoryLimits, run_groups
 from forge.rollout.records import RolloutRecorder
-from forge.rollout.scores import score_trajectories
 
 
 @dataclass
@@ -50,12 +50,6 @@ class Rollouts:
     deadline: CallDeadline = field(default_factory=CallDeadline)
     env_failures: EnvFailures = field(default_factory=EnvFailures)
     agent: AgentRollouts | None = None
-
-    @property
-    def env_reward(self) -> bool:
-        """Whether the environment's step rewards are a reward source (``env`` in the breakdown):
-        where an environment or an agent takes turns, not in single-turn rollouts."""
-        return self.envs is not None or self.agent is not None
 
     async def groups(
         self,
@@ -105,16 +99,14 @@ class Rollouts:
 
 
 async def score_groups(
-    rows: list[dict], groups: list[list[Completion]], reward, advantages, reward_models=None, env_reward=False
+    rows: list[dict], groups: list[list[Completion]], scorer: RolloutScorer, advantages
 ) -> list[list[Episode]]:
-    """Rewards (`forge.rollout.scores`: the reward actor's functions and server, the reward
-    models, the environment's), then group-relative advantages, for the completions of each
-    prompt: one call to the reward actor, the reward models' calls at once, one to advantages.
-    An agent's episode split into several sequences is scored once, by its final one, and each
-    sequence becomes an episode with that reward and advantage."""
-    scores = await score_trajectories(
-        groups, [r["target"] for r in rows], reward.evaluate_groups.route, reward_models, env_reward
-    )
+    """Rewards (`scorer`: the reward actor's functions and server, the reward models, the
+    environment's), then group-relative advantages, for the completions of each prompt: the
+    sources' calls at once, then one call to advantages. An agent's episode split into several
+    sequences is scored once, by its final one, and each sequence becomes an episode with that
+    reward and advantage."""
+    scores = await scorer.score(groups, [r["target"] for r in rows])
     values = await advantages.compute_groups.route([[total for total, *_ in group] for group in scores])
     scored = []
     for row, group, group_scores, group_values in zip(rows, groups, scores, values, strict=True):
@@ -196,7 +188,7 @@ async def rollout_step(
     *,
     dataset,
     rollouts: Rollouts,
-    reward,
+    scorer: RolloutScorer,
     advantages,
     reference,
     replay_buffer,
@@ -206,7 +198,6 @@ async def rollout_step(
     min_version: int = 0,
     counts: RolloutCounts | None = None,
     recorder: RolloutRecorder | None = None,
-    reward_models=None,
 ) -> list[int]:
     """Samples prompts, rolls out a group of trajectories per prompt with a policy of at least
     `min_version`, scores them and adds them to the buffer.
@@ -233,7 +224,7 @@ async def rollout_step(
     rows, groups = [r for r, g in zip(rows, groups, strict=True) if g], [g for g in groups if g]
     if not groups:
         return []
-    scored = await score_groups(rows, groups, reward, advantages, reward_models, rollouts.env_reward)
+    scored = await score_groups(rows, groups, scorer, advantages)
     signal = [has_signal(torch.tensor([e.reward for e in g])) for g in scored]
     kept = [g for g, s in zip(scored, signal, strict=True) if s or not skip_groups_without_signal]
     skipped = [g for g, s in zip(scored, signal, strict=True) if not s and skip_groups_without_signal]

@@ -29,6 +29,7 @@ from typing import Any
 from forge.grpo.config import GRPOConfig
 from forge.observability import Reduce, record_metric
 from forge.observability.progress import Progress as ProgressDisplay
+from forge.rewards.sources import RolloutScorer
 from forge.rollout.eval import greedy_eval
 from forge.rollout.records import RolloutRecorder, trim_run_records
 from forge.rollout.step import RolloutCounts, Rollouts, rollout_step, wait_for_room
@@ -41,17 +42,16 @@ from forge.staleness import StalenessBound
 
 @dataclass
 class GRPOActors:
-    """The handles the loops drive (trainer and reference None when the config has none;
-    reward_models: forge.rewards.models.RewardModels, or None for none)."""
+    """The handles the loops drive (trainer and reference None when the config has none), and
+    the rollouts' scorer, on this process, over the reward actor and the reward models' services."""
 
     dataset: Any
     rollouts: Rollouts
     trainer: Any
     replay_buffer: Any
-    reward: Any
+    scorer: RolloutScorer
     advantages: Any
     reference: Any
-    reward_models: Any = None
 
 
 def step_fields(row: dict, accuracy: float | None, step_s: float) -> dict[str, str]:
@@ -81,7 +81,7 @@ class GRPOLoops:
         cfg: GRPOConfig,
         actors: GRPOActors,
         eval_rows: list[dict],
-        eval_scorer,
+        eval_scorer: RolloutScorer,
         metric_logger,
         checkpoints: RunCheckpointer,
         recorder: RolloutRecorder | None,
@@ -138,7 +138,7 @@ class GRPOLoops:
                     added = await rollout_step(
                         dataset=a.dataset,
                         rollouts=a.rollouts,
-                        reward=a.reward,
+                        scorer=a.scorer,
                         advantages=a.advantages,
                         reference=a.reference,
                         replay_buffer=a.replay_buffer,
@@ -148,7 +148,6 @@ class GRPOLoops:
                         min_version=slot.min_version,
                         counts=self.counts,
                         recorder=self.recorder,
-                        reward_models=a.reward_models,
                     )
             finally:
                 await self.bound.finish_rollout(slot.episodes, added)
@@ -181,9 +180,8 @@ class GRPOLoops:
             starvation_report,
             self.counts,
             self.actors.replay_buffer,
-            self.actors.reward,
+            self.actors.scorer,
             cfg.replay_buffer,
-            self.actors.reward_models,
             cfg.env,
             self.actors.rollouts.env_failures,
         )

@@ -29,6 +29,7 @@ from forge.envs.turns import TurnRenderer
 from forge.grpo.config import GRPOConfig
 from forge.rewards.scorer import RewardScorer
 from forge.rewards.sources import RewardFunctions, RolloutScorer
+from forge.rollout.groups import OneTurn
 from forge.rollout.records import RolloutRecorder, batches_path
 from forge.rollout.step import Rollouts
 from forge.runs.grpo_loops import GRPOActors
@@ -57,9 +58,9 @@ async def launch_generator(cfg: GRPOConfig, gpus: bool, transport: str) -> Any:
     return await generators.as_actor(generator_cfg)
 
 
-async def launch_environments(cfg: GRPOConfig) -> ActorEnvironments | None:
-    if cfg.env is None:
-        return None
+async def launch_environments(cfg: GRPOConfig) -> ActorEnvironments | OneTurn:
+    if cfg.env is None:  # single turn: the built-in environment, in this process
+        return OneTurn()
     # A service even with one replica: an environment that crashes or blocks its process is
     # replaced, where a lone actor's death or hang would stop the run.
     service = await EnvironmentActor.options(num_replicas=cfg.env.replicas).as_service(

@@ -36,6 +36,7 @@ by ``forge.rollout.env_failures``.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -78,6 +79,11 @@ class OneTurn:
 
     async def close(self, ids: list[str]) -> list[EnvFailure]:
         return []
+
+    def session(self):
+        """As an environment service's session (`forge.actors.environment.ActorEnvironments`):
+        here nothing is kept on a replica."""
+        return contextlib.nullcontext()
 
 
 @dataclass(frozen=True)

@@ -36,15 +36,16 @@ from forge.rollout.records import RolloutRecorder
 @dataclass
 class Rollouts:
     """How dataset rows become groups of trajectories (``forge.rollout.groups``): the generator
-    (actor or service), the chat template, and the environment actors (None: the built-in
-    ``OneTurn``, one turn per prompt), or an agent program instead (``forge.agents.rollout``).
+    (actor or service), the chat template, and the environments (the actors' service, or the
+    built-in ``OneTurn``: one turn per prompt), or an agent program instead
+    (``forge.agents.rollout``).
     ``max_tokens`` bounds each model turn (``generator.sampling.max_tokens``); each generate
     call must answer within ``deadline`` for the tokens it may sample."""
 
     generator: Any
     renderer: TurnRenderer
     max_tokens: int
-    envs: ActorEnvironments | None = None
+    envs: ActorEnvironments | OneTurn = field(default_factory=OneTurn)
     limits: TrajectoryLimits = TrajectoryLimits()
     drop_truncated: bool = False
     deadline: CallDeadline = field(default_factory=CallDeadline)
@@ -91,8 +92,6 @@ class Rollouts:
             return await self.agent.groups(
                 rows, sample_keys, group_size, generate, max_tokens, sampling.get("temperature")
             )
-        if self.envs is None:  # single turn: the built-in environment, in this process
-            return await run(OneTurn())
         # A rollout's trajectories stay on one environment replica: it holds their state.
         async with self.envs.session():
             return await run(self.envs)

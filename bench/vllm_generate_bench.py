@@ -6,7 +6,7 @@ GPU machines), bf16, 256 prompts x n=8, up to 256 new tokens, temperature 1:
 - `plain`:  vLLM's `LLM.generate` in this process, with the settings forge's engine uses;
 - `engine`: `forge.engines.vllm.VLLMEngine` in this process: one call, the same prompts as
             4 concurrent calls (continuous batching), and one in-place weight update;
-- `actor`:  the `Generator` actor with `generator.engine=vllm`: 4 concurrent `generate_batch`
+- `actor`:  the `Generator` actor with `generator.engine=vllm`: 4 concurrent `generate`
             calls, as the rollout loops make them, and `update_weights` through the store;
 - `hf`:     the `Generator` actor with `generator.engine=hf` (calls of `--hf-chunk` prompts);
 - `sampling`: plain vLLM again, one `LLM`, what each sampling setting forge uses costs:
@@ -325,7 +325,7 @@ async def _actor(args, path: Path, engine: str) -> None:
     from forge.controller import shutdown
 
     gpu = torch.cuda.is_available()
-    texts = [" ".join(f"t{i}" for i in p) for p in prompts(args, vocab_of(path))]
+    ids = prompts(args, vocab_of(path))  # the generator samples from ids, as the rollouts send them
     cfg = GeneratorConfig(
         model_path=str(path),
         engine=engine,
@@ -340,18 +340,18 @@ async def _actor(args, path: Path, engine: str) -> None:
         record(
             args, engine, f"start-up (Generator actor, engine={engine})", time.perf_counter() - started, "s"
         )
-        await generator.generate_batch.route(texts, max_tokens=8)  # warm-up
-        chunk = args.hf_chunk if engine == "hf" else -(-len(texts) // CONCURRENT_CALLS)
+        await generator.generate.route(ids, max_tokens=8)  # warm-up
+        chunk = args.hf_chunk if engine == "hf" else -(-len(ids) // CONCURRENT_CALLS)
         started = time.perf_counter()
         results = await asyncio.gather(
-            *(generator.generate_batch.route(texts[i : i + chunk]) for i in range(0, len(texts), chunk))
+            *(generator.generate.route(ids[i : i + chunk]) for i in range(0, len(ids), chunk))
         )
         elapsed = time.perf_counter() - started
         tokens = sum(c.response_len for result in results for group in result for c in group)
         record(
             args,
             engine,
-            f"Generator.generate_batch, {len(results)} concurrent calls, tokens/s",
+            f"Generator.generate, {len(results)} concurrent calls, tokens/s",
             tokens / elapsed,
             "tokens/s",
         )

@@ -10,6 +10,7 @@ from forge.controller import shutdown
 from forge.data.types import Completion, Episode
 from forge.observability.collector import pop_state
 from forge.replay_buffer import ReplayBufferConfig
+from forge.rewards.sources import RewardFunctions, RolloutScorer
 from forge.rollout.step import RolloutCounts, wait_for_room
 from forge.runs import RunStopped
 from forge.runs.guards import starvation_report, wait_for_batch
@@ -41,6 +42,9 @@ def test_a_full_buffer_makes_rollouts_wait_and_a_starving_trainer_stops_with_the
         config = ReplayBufferConfig(batch_size=2, max_size=2, max_policy_age=0)
         buffer = await ReplayBuffer.as_actor(config, 0)
         reward = await RewardActor.as_actor(RewardConfig(timeout_s=None))
+        scorer = RolloutScorer(
+            [RewardFunctions.of(RewardConfig(), reward.evaluate_groups.route, reward.counts.route)]
+        )
         try:
             pop_state()
             await buffer.add_many.route([episode(), episode()])
@@ -59,7 +63,7 @@ def test_a_full_buffer_makes_rollouts_wait_and_a_starving_trainer_stops_with_the
                 await wait_for_batch(
                     never_a_batch(buffer),
                     1.0,
-                    lambda: starvation_report(counts, buffer, reward, config),
+                    lambda: starvation_report(counts, buffer, scorer, config),
                 )
             message = str(stopped.value)
             assert "no batch for 1 s (replay_buffer.starve_timeout_s)" in message

@@ -1,5 +1,5 @@
-"""The Generator actor renders chat-message prompts with the tokenizer's template and samples from
-exactly those ids, for rollouts and for the eval alike; stop strings reach its engine."""
+"""Rollouts render chat-message prompts with the tokenizer's template and the Generator actor
+samples from exactly those ids, for rollouts and for the eval alike; stop strings reach its engine."""
 
 import asyncio
 import shutil
@@ -12,6 +12,8 @@ from forge.controller import shutdown
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.tokenizer import embedded_tokenizer
 from forge.envs.turns import TurnRenderer
+from forge.observability.collector import pop_state
+from forge.rewards.sources import RewardFunctions, RolloutScorer
 from forge.rollout.eval import greedy_eval
 from forge.rollout.step import Rollouts
 
@@ -41,31 +43,35 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
     config = GeneratorConfig(model_path=str(path), sampling={"max_tokens": 12, "seed": 0})
     eval_prompts = []
 
-    class RecordingScorer:  # what greedy_eval asks of a RewardScorer
-        metric_prefix = "eval/reward"
+    async def recording_functions(prompts, responses, targets):  # what the eval's functions see
+        eval_prompts.extend(prompt for group in prompts for prompt in group)
+        return [[(0.0, {}) for _ in group] for group in responses]
 
-        def score_many(self, items):
-            eval_prompts.extend(prompt for prompt, _, _ in items)
-            return [(0.0, {}) for _ in items]
+    async def no_failures():
+        return {"errors": 0, "timeouts": 0}
+
+    eval_scorer = RolloutScorer(
+        [RewardFunctions(recording_functions, {}, no_failures)], metric_prefix="eval/reward"
+    )
 
     async def main():
         await store.initialize()
         generator = await Generator.as_actor(config)
         try:
-            groups = await generator.generate_batch.route([MESSAGES, "7+8="], n=2)
             rollouts = Rollouts(generator, TurnRenderer(PromptRenderer(tokenizer, "auto")), max_tokens=12)
-            await greedy_eval(
-                rollouts, [{"prompt": MESSAGES, "target": "46"}], RecordingScorer(), max_tokens=2
-            )
+            groups = await rollouts.groups([{"prompt": MESSAGES}, {"prompt": "7+8="}], None, 0, 2)
+            await greedy_eval(rollouts, [{"prompt": MESSAGES, "target": "46"}], eval_scorer, max_tokens=2)
             # One sample key for both calls: the same draws.
-            [free] = await generator.generate_batch.route([MESSAGES], [0], n=4)
+            chat_ids = groups[0][0].prompt_ids
+            [free] = await generator.generate.route([chat_ids], [0], n=4)
             # A stop string from a sample: the text of its third and fourth tokens.
             stop = next(text for c in free if (text := decode(c.response_ids[2:4])) and c.response_len >= 4)
-            [stopped] = await generator.generate_batch.route([MESSAGES], [0], n=4, stop=[stop])
+            [stopped] = await generator.generate.route([chat_ids], [0], n=4, stop=[stop])
             return groups, free, stopped, stop
         finally:
             await store.shutdown()
             await shutdown()
+            pop_state()  # the eval's metrics, which no run's logger takes: not the next test's
 
     groups, free, stopped, stop = asyncio.run(main())
 

@@ -26,6 +26,7 @@ from forge.envs.turns import TurnRenderer
 from forge.observability import MetricsConfig, get_metric_logger
 from forge.plot import plot_run
 from forge.replay_buffer import ReplayBufferConfig
+from forge.rewards.sources import RewardFunctions, RolloutScorer
 from forge.rollout.records import (
     RECORD_FIELDS,
     RolloutRecorder,
@@ -179,6 +180,8 @@ def test_records_match_the_buffer_episode_for_episode(tiny_policy, tmp_path):
         )
         try:
             recorder = RolloutRecorder(tmp_path / "rollouts.jsonl")
+            functions = RewardFunctions.of(RewardConfig(), reward.evaluate_groups.route, reward.counts.route)
+            scorer = RolloutScorer([functions])
             renderer = TurnRenderer(PromptRenderer(AutoTokenizer.from_pretrained(tiny_policy)))
             added: list[int] = []  # policy versions of the episodes added
             for step in range(3):
@@ -186,7 +189,7 @@ def test_records_match_the_buffer_episode_for_episode(tiny_policy, tmp_path):
                 added += await rollout_step(
                     dataset=dataset,
                     rollouts=Rollouts(generator, renderer, max_tokens=4),
-                    reward=reward,
+                    scorer=scorer,
                     advantages=advantages,
                     reference=None,
                     replay_buffer=buffer,

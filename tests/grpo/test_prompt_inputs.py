@@ -54,10 +54,12 @@ def test_a_missing_template_file_names_the_key(write_grpo_config, tmp_path, caps
     assert "dataset.chat_template" in err and f"'{missing}' does not exist" in err
 
 
-def test_the_generator_takes_the_datasets_template_setting(write_grpo_config):
+def test_the_template_is_the_datasets_setting_alone(write_grpo_config):
+    """Prompts are rendered in one place, the rollout, with dataset.chat_template: the generator
+    samples from ids and has no template setting of its own."""
     config = write_grpo_config()
-    assert load_config(GRPOConfig, config, ["dataset.chat_template=none"]).generator.chat_template == "none"
-    with pytest.raises(ConfigError, match="set dataset.chat_template only"):
+    assert load_config(GRPOConfig, config, ["dataset.chat_template=none"]).dataset.chat_template == "none"
+    with pytest.raises(ConfigError, match="generator.chat_template"):
         load_config(GRPOConfig, config, ["generator.chat_template=none"])
 
 

@@ -16,14 +16,14 @@ from forge.actors.reward import RewardConfig
 from forge.actors.reward_models import ClassifierRewardModel, ServiceModel, launch_reward_models
 from forge.config import load_config
 from forge.controller import ProvisionerConfig, init_provisioner, shutdown
+from forge.data.types import Completion
 from forge.engines.reward_classifier import ClassifierRewardEngine
 from forge.grpo.config import GRPOConfig
 from forge.recipes.grpo_serial import grpo_serial
 from forge.replay_buffer import ReplayBufferConfig
 from forge.rewards.judge import JudgeParse
-from forge.rewards.models import RewardModels
+from forge.rewards.sources import RewardFunctions, RewardModel, RolloutScorer
 from forge.rollout.records import read_records
-from forge.rollout.scores import score_with_models
 from forge.rollout.step import RolloutCounts
 from forge.runs.checks import check_reward_models
 from forge.runs.guards import starvation_report
@@ -62,7 +62,25 @@ def reward_config(classifier, judge=None, **classifier_settings) -> RewardConfig
 
 
 def flat_values(scored, name: str) -> list[float]:
-    return [values[name] for group in scored for values, _ in group]
+    return [breakdown[name] for group in scored for _, breakdown, _ in group]
+
+
+def models_scorer(cfg: RewardConfig, clients) -> RolloutScorer:
+    """The reward models of `cfg` alone (no functions), weighed as a run's scorer weighs them."""
+    models = [RewardModel(m, client) for m, client in zip(cfg.models, clients, strict=True)]
+    return RolloutScorer(models, cfg.error_reward)
+
+
+async def score_with_models(scorer: RolloutScorer, prompts=PROMPTS, answers=ANSWERS, targets=TARGETS):
+    """Each response's (total, breakdown, notes), as one-turn completions of the prompts."""
+    groups = [
+        [
+            Completion(p, [0], [1], [0.0], a, "stop", 0)
+            for p, a in zip(group_prompts, group_answers, strict=True)
+        ]
+        for group_prompts, group_answers in zip(prompts, answers, strict=True)
+    ]
+    return await scorer.score(groups, targets)
 
 
 async def pid_of(handle) -> int:
@@ -73,10 +91,11 @@ async def pid_of(handle) -> int:
 def test_a_rollout_is_scored_in_batched_calls_and_the_judges_answers_are_kept(classifier, tiny_policy):
     async def main():
         await init_provisioner(ProvisionerConfig())
-        models = await launch_reward_models(reward_config(classifier, tiny_policy, batch_size=4), gpus=False)
+        cfg = reward_config(classifier, tiny_policy, batch_size=4)
+        rm, judge = await launch_reward_models(cfg, gpus=False)
+        models = models_scorer(cfg, [rm, judge])
         try:
-            scored = await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
-            (_, rm), (_, judge) = models.models
+            scored = await score_with_models(models)
             served = {
                 name: sum(r["served"] for r in client.handle.stats())
                 for name, client in (("rm", rm), ("judge", judge))
@@ -89,25 +108,26 @@ def test_a_rollout_is_scored_in_batched_calls_and_the_judges_answers_are_kept(cl
     # 8 responses: two calls of batch_size 4 to the classifier, one call to the judge.
     assert served == {"rm": 2, "judge": 1}
     assert flat_values(scored, "rm") == pytest.approx(expected_scores(classifier), abs=1e-5)
-    judge_config = models.models[1][0]
-    answers = [notes["judge"] for group in scored for _, notes in group]
+    judge_config = models.sources[1].config
+    answers = [notes["judge"] for group in scored for _, _, notes in group]
     assert len(answers) == 8 and all(isinstance(a, str) and a for a in answers)
     parsed = [judge_config.parse.score(a) for a in answers]
     assert flat_values(scored, "judge") == [ERROR_REWARD if p is None else p for p in parsed]
     # The random judge does not answer as asked: each unparsable answer is an error, counted.
-    assert models.counts == {"errors": parsed.count(None), "timeouts": 0}
+    assert asyncio.run(models.counts()) == {"errors": parsed.count(None), "timeouts": 0}
 
 
 def test_a_replica_that_dies_or_hangs_is_replaced_and_its_call_retried(classifier):
     async def main():
         await init_provisioner(ProvisionerConfig())
-        models = await launch_reward_models(reward_config(classifier, timeout_s=3.0), gpus=False)
-        service = models.models[0][1].handle
+        cfg = reward_config(classifier, timeout_s=3.0)
+        models = models_scorer(cfg, await launch_reward_models(cfg, gpus=False))
+        service = models.sources[0].client.handle
         try:
             os.kill(await pid_of(service), signal.SIGKILL)
-            died = await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
+            died = await score_with_models(models)
             os.kill(await pid_of(service), signal.SIGSTOP)
-            hung = await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
+            hung = await score_with_models(models)
             return models, service.replacements, died, hung
         finally:
             await shutdown()
@@ -116,24 +136,25 @@ def test_a_replica_that_dies_or_hangs_is_replaced_and_its_call_retried(classifie
     expected = pytest.approx(expected_scores(classifier), abs=1e-5)
     assert replacements == 2
     assert flat_values(died, "rm") == expected and flat_values(hung, "rm") == expected
-    assert models.counts == {"errors": 0, "timeouts": 0}
+    assert asyncio.run(models.counts()) == {"errors": 0, "timeouts": 0}
 
 
 def test_a_lone_model_that_hangs_scores_error_reward_and_is_counted(classifier):
     async def main():
         await init_provisioner(ProvisionerConfig())
-        cfg = reward_config(classifier, timeout_s=2.0).models[0]
-        actor = await ClassifierRewardModel.as_actor(cfg.path, cfg.batch_size)
-        models = RewardModels([(cfg, ServiceModel(actor, cfg.timeout_s))], ERROR_REWARD)
+        cfg = reward_config(classifier, timeout_s=2.0)
+        m = cfg.models[0]
+        actor = await ClassifierRewardModel.as_actor(m.path, m.batch_size)
+        models = models_scorer(cfg, [ServiceModel(actor, m.timeout_s)])
         try:
             os.kill(await pid_of(actor), signal.SIGSTOP)
-            return models, await score_with_models(models, PROMPTS, ANSWERS, TARGETS)
+            return models, await score_with_models(models)
         finally:
             await shutdown()
 
     models, scored = asyncio.run(main())
     assert flat_values(scored, "rm") == [ERROR_REWARD] * 8
-    assert models.counts == {"errors": 0, "timeouts": 1}
+    assert asyncio.run(models.counts()) == {"errors": 0, "timeouts": 1}
 
 
 def test_a_grpo_run_weighs_in_a_classifier_and_a_judge_and_records_the_judges_answers(
@@ -214,14 +235,14 @@ class Answers:
 
 
 def test_a_non_finite_score_or_a_raising_endpoint_scores_error_reward_and_is_counted(classifier):
-    cfg = reward_config(classifier).models[0]
+    cfg = reward_config(classifier)
     nan_model = type("Model", (), {"score": Answers([0.5, float("nan")])})()
     raising_model = type("Model", (), {"score": Answers(RuntimeError("CUDA out of memory"))})()
     for handle, expected in ((nan_model, [0.5, ERROR_REWARD]), (raising_model, [ERROR_REWARD] * 2)):
-        models = RewardModels([(cfg, ServiceModel(handle, cfg.timeout_s))], ERROR_REWARD)
-        scored = asyncio.run(models.score(["1+1="] * 2, ["2", "3"], ["2"] * 2))
-        assert scored["rm"].values == expected
-        assert models.counts == {"errors": 1, "timeouts": 0}
+        models = models_scorer(cfg, [ServiceModel(handle, cfg.models[0].timeout_s)])
+        scored = asyncio.run(score_with_models(models, [["1+1="] * 2], [["2", "3"]], ["2"]))
+        assert flat_values(scored, "rm") == expected
+        assert asyncio.run(models.counts()) == {"errors": 1, "timeouts": 0}
 
 
 class Routed:
@@ -235,23 +256,32 @@ class Routed:
 
 
 def test_the_starvation_report_counts_the_reward_models_failures(classifier):
-    cfg = reward_config(classifier).models[0]
+    cfg = reward_config(classifier)
     failing = type("Model", (), {"score": Answers(RuntimeError("CUDA out of memory"))})()
-    models = RewardModels([(cfg, ServiceModel(failing, cfg.timeout_s))], ERROR_REWARD)
-    asyncio.run(models.score(["1+1="] * 2, ["2", "3"], ["2"] * 2))
+
+    async def no_functions(prompts, responses, targets):
+        return [[(0.0, {}) for _ in group] for group in responses]
+
+    # The reward actor's functions failed 3 times since the start (its counts endpoint).
+    reward = type("Reward", (), {"counts": Routed({"errors": 2, "timeouts": 1})})()
+    scorer = RolloutScorer(
+        [
+            RewardFunctions(no_functions, {}, reward.counts.route),
+            RewardModel(cfg.models[0], ServiceModel(failing, cfg.models[0].timeout_s)),
+        ],
+        ERROR_REWARD,
+    )
+    asyncio.run(score_with_models(scorer, [["1+1="] * 2], [["2", "3"]], ["2"]))
     buffer_counts = {"added": 0, "evicted_stale": 0, "sampled": 0, "held": 0}
     replay_buffer = type("Buffer", (), {"counts": Routed(buffer_counts)})()
-    reward = type("Reward", (), {"counts": Routed({"errors": 2, "timeouts": 1})})()
-    report = asyncio.run(
-        starvation_report(RolloutCounts(), replay_buffer, reward, ReplayBufferConfig(), models)
-    )
+    report = asyncio.run(starvation_report(RolloutCounts(), replay_buffer, scorer, ReplayBufferConfig()))
     assert "reward errors 3, reward timeouts 1." in report
 
 
 def test_the_serial_recipe_weighs_in_a_classifier_and_a_judge_loaded_in_its_process(
     classifier, tiny_policy, write_grpo_config
 ):
-    """The serial recipe scores with the same `RewardModels` as the app, its models loaded in
+    """The serial recipe scores with the same `RolloutScorer` as the app, its models loaded in
     its own process: each step's mean reward is the functions' plus the models', weighed."""
     models = (
         f"{{name: rm, path: {classifier}, kind: classifier, weight: 0.5}}, "

@@ -19,7 +19,8 @@ from forge.rl.losses import GRPOLossConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["12+34=", "7+8=", "55+5=", "9+90="]
+# Rendered by the caller, as every prompt is (the generator samples from ids).
+PROMPTS = [embedded_tokenizer()(p).input_ids for p in ["12+34=", "7+8=", "55+5=", "9+90="]]
 
 
 def episodes_from(groups) -> list[Episode]:
@@ -60,7 +61,7 @@ def test_concurrent_calls_and_in_place_updates(tiny_policy_hd32):
             done = []
 
             async def call(name, prompts, **sampling):
-                result = await generator.generate_batch.route(prompts, **sampling)
+                result = await generator.generate.route(prompts, **sampling)
                 done.append(name)
                 return result
 
@@ -82,7 +83,7 @@ def test_concurrent_calls_and_in_place_updates(tiny_policy_hd32):
             assert await generator.get_version.route() == 1
 
             # Later calls sample from exactly the trainer's new distribution...
-            fresh = episodes_from(await generator.generate_batch.route(PROMPTS, n=4))
+            fresh = episodes_from(await generator.generate.route(PROMPTS, n=4))
             assert {e.policy_version for e in fresh} == {1}
             batch = PolicyBatch.from_episodes(fresh, pad_id=0)
             logprobs = await trainer.compute_logprobs.route(batch.tokens, batch.target_ids)

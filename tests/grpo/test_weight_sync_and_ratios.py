@@ -21,7 +21,8 @@ from forge.weight_sync import IpcTransport
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["12+34=", "7+8=", "55+5=", "9+90=", "3+4=", "61+20="]
+# Rendered by the caller, as every prompt is (the generator samples from ids).
+PROMPTS = [embedded_tokenizer()(p).input_ids for p in ["12+34=", "7+8=", "55+5=", "9+90=", "3+4=", "61+20="]]
 
 
 def episodes_from(groups) -> list[Episode]:
@@ -53,7 +54,7 @@ def test_parity_after_sync_and_off_policy_ratios(tiny_policy):
             GeneratorConfig(model_path=str(tiny_policy), sampling={"max_tokens": 6, "seed": 0})
         )
         try:
-            stale = episodes_from(await generator.generate_batch.route(PROMPTS, n=4))
+            stale = episodes_from(await generator.generate.route(PROMPTS, n=4))
             assert {e.policy_version for e in stale} == {0}
 
             # Step 1 is on-policy: the trainer's logprobs equal the generator's, ratio 1.
@@ -72,9 +73,9 @@ def test_parity_after_sync_and_off_policy_ratios(tiny_policy):
             # A generator that starts now (a replaced replica) loads the newest weights first.
             late = await Generator.as_actor(GeneratorConfig(model_path=str(tiny_policy)))
             assert await late.get_version.route() == 2
-            fresh = episodes_from(await generator.generate_batch.route(PROMPTS, n=4))
+            fresh = episodes_from(await generator.generate.route(PROMPTS, n=4))
             assert {e.policy_version for e in fresh} == {2}
-            single = await generator.generate.route(PROMPTS[0], n=3, max_tokens=2)
+            [single] = await generator.generate.route(PROMPTS[:1], n=3, max_tokens=2)
             assert len(single) == 3 and all(c.policy_version == 2 and c.response_len <= 2 for c in single)
             batch = PolicyBatch.from_episodes(fresh, pad_id=0)
             trainer_logprobs = await trainer.compute_logprobs.route(batch.tokens, batch.target_ids)
@@ -113,7 +114,7 @@ def test_two_fsdp_ranks_publish_their_rows_and_two_replicas_get_the_whole_policy
         )
         generators = await Generator.options(num_replicas=2).as_service(generator_config)
         try:
-            sampled = episodes_from((await generators.generate_batch.fanout(PROMPTS, n=4))[0])
+            sampled = episodes_from((await generators.generate.fanout(PROMPTS, n=4))[0])
             started = PolicyBatch.from_episodes(sampled, pad_id=0)
             half = len(sampled) // 2
             await trainer.train_step.route(
@@ -130,7 +131,7 @@ def test_two_fsdp_ranks_publish_their_rows_and_two_replicas_get_the_whole_policy
             ]
             # Each replica loads it, its checksum compared with the trainer's (a mismatch raises).
             await generators.update_weights.fanout(1)
-            for replica_samples in await generators.generate_batch.fanout(PROMPTS, n=4):
+            for replica_samples in await generators.generate.fanout(PROMPTS, n=4):
                 fresh = episodes_from(replica_samples)
                 assert {e.policy_version for e in fresh} == {1}
                 batch = PolicyBatch.from_episodes(fresh, pad_id=0)

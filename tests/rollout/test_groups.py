@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from forge.data.chat_prompts import PromptRenderer
 from forge.data.tokenizer import embedded_tokenizer
-from forge.data.types import Episode
+from forge.data.types import Episode, Turn
 from forge.engines.generation import SamplingParams, to_completions
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.engine import TitanEngine
@@ -311,7 +311,8 @@ def test_one_turn_without_environment_is_what_the_engine_sampled(engine):
     direct = to_completions(
         [r["prompt"] for r in ROWS], prompts, engine.generate(prompts, params, [3, 9]), TOKENIZER, 7
     )
-    assert groups == direct  # no mask, turns or versions: the plain completions
+    assert groups == direct  # no mask or versions, one model turn: the plain completions
+    assert all(c.turns == [Turn("assistant", c.text, c.response_len)] for g in groups for c in g)
 
 
 def test_dropping_truncated_trajectories_keeps_the_others_advantages(engine):

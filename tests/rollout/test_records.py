@@ -78,6 +78,10 @@ def test_every_field_of_every_episode_and_eval_answer(tmp_path):
             "reward": 1.0,
             "response_len": 3,
             "stop_reason": "stop",
+            # Every completion has turns: one model turn, all of it trained.
+            "turns": [{"role": "assistant", "text": "4", "num_tokens": 3, "reward": 0.0}],
+            "truncated": False,
+            "response_mask": None,
         }
     ]
     assert batches_path(path) == tmp_path / "run" / "rollouts.batches.jsonl"

@@ -8,13 +8,12 @@ the rollout passes each prompt's position in the dataset's stream as its key, so
 draws the same samples however its prompts are batched, and a resumed run continues them.
 Calls without keys use the ordinal of the call instead.
 
-Rollouts and the eval render their prompts once, in the rollout (`forge.rollout.groups`), and
-send token ids (`generate_ids`), which are sampled from as they are. `generate` and
-`generate_batch` take strings or chat messages and render them with the same renderer
-(`forge.data.chat_prompts`), the generator's tokenizer and `chat_template`: for callers that hold
-no tokenizer of the model, such as a judge's (`forge.actors.reward_models`). `Completion.prompt`
-holds the prompt's text form. Stop strings (`sampling.stop`) are applied by the engines, which
-get the tokenizer for them.
+The generator samples from token ids, as they are: prompts are rendered by the caller, with one
+renderer (`forge.data.chat_prompts.PromptRenderer`): rollouts and the eval in the rollout
+(`forge.rollout.groups`), a judge's questions in its client (`forge.actors.reward_models`),
+with the judge's tokenizer. `Completion.prompt` is the ids decoded (rollouts keep the text they
+rendered). Stop strings (`sampling.stop`) are applied by the engines, which get the tokenizer
+for them.
 
 Weights: before each request the generator loads the newest complete version in the store,
 if there is a newer one (`forge.weight_sync.WeightPuller`); a request can ask for at least
@@ -22,7 +21,7 @@ if there is a newer one (`forge.weight_sync.WeightPuller`); a request can ask fo
 is the trainer's adapters alone, merged into the engine's weights or served by vLLM as a LoRA
 adapter (`generator.lora_sync`, `forge.engines.lora_sync`).
 
-`generate` and `generate_batch` are concurrent endpoints: each call runs as its own task, so
+`generate` is a concurrent endpoint: each call runs as its own task, so
 the rollout loops' calls reach the engine together. The vLLM engine serves them in shared
 batches from its own thread and takes new weights as `update_mode` says: `drain` (running
 requests finish on the old weights) or `in_flight` (they continue on the new ones from their
@@ -46,7 +45,6 @@ from pydantic import Field, model_validator
 from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.controller.liveness import CallDeadline, Probe
-from forge.data.chat_prompts import ChatTemplateSetting, Prompt, PromptRenderer, RenderedPrompt
 from forge.data.types import Completion
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams, sample_seed, to_completions
 from forge.engines.lora_sync import AdapterSync, LoraSyncMode, MergeOnArrival
@@ -72,9 +70,6 @@ class GeneratorConfig(ForgeConfigModel):
     # and the running requests continue on it (per-token versions). The hf engine always drains.
     update_mode: UpdateMode = "drain"
     sampling: SamplingParams = SamplingParams()
-    # How prompts become ids (forge.data.chat_prompts): "auto", "none" or a .jinja path. The
-    # GRPO app sets it from dataset.chat_template.
-    chat_template: ChatTemplateSetting = "auto"
     # More than 1 runs the generators as a service: a replica that dies is replaced, and the
     # replacement loads the newest published weights before it serves.
     replicas: int = Field(1, ge=1)
@@ -216,7 +211,6 @@ class Generator(ForgeActor):
 
         check_model_dir(self.cfg.model_path, "generator.model_path")
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model_path)
-        self.renderer = PromptRenderer(self.tokenizer, self.cfg.chat_template, "generator.chat_template")
         self.engine = build_generation_engine(
             self.cfg, self.tokenizer.eos_token_id, self.tokenizer, self.lora
         )
@@ -256,39 +250,20 @@ class Generator(ForgeActor):
             self._follower.result()
 
     @concurrent_endpoint
-    async def generate(self, prompt: Prompt, min_version: int = 0, **sampling: Any) -> list[Completion]:
-        """`n` completions of `prompt` (sampling defaults from config, overridden by kwargs)."""
-        await self._pick_up_newest(min_version)
-        return (await self._generate([self.renderer.render(prompt)], None, sampling))[0]
-
-    @concurrent_endpoint
-    async def generate_batch(
-        self,
-        prompts: list[Prompt],
-        sample_keys: list[int] | None = None,
-        min_version: int = 0,
-        **sampling: Any,
-    ) -> list[list[Completion]]:
-        """`n` completions of each prompt, sampled together in one batch; `sample_keys` (one
-        per prompt) choose the seeded random streams (see the module docstring); the policy
-        is the newest published one, and at least `min_version`."""
-        await self._pick_up_newest(min_version)
-        rendered = [self.renderer.render(p) for p in prompts]
-        return await self._generate(rendered, sample_keys, sampling)
-
-    @concurrent_endpoint
-    async def generate_ids(
+    async def generate(
         self,
         prompt_ids: list[list[int]],
         sample_keys: list[int] | None = None,
         min_version: int = 0,
         **sampling: Any,
     ) -> list[list[Completion]]:
-        """Like `generate_batch`, continuing from token ids as they are (a multi-turn trajectory
-        so far, `forge.rollout.groups`): nothing is rendered or re-tokenized."""
+        """`n` completions of each prompt, continuing from its token ids as they are (a rendered
+        prompt, or a multi-turn trajectory so far), sampled together in one batch (sampling
+        defaults from config, overridden by kwargs); `sample_keys` (one per prompt) choose the
+        seeded random streams (see the module docstring); the policy is the newest published
+        one, and at least `min_version`."""
         await self._pick_up_newest(min_version)
-        rendered = [RenderedPrompt(list(ids), self.tokenizer.decode(ids)) for ids in prompt_ids]
-        return await self._generate(rendered, sample_keys, sampling)
+        return await self._generate([list(ids) for ids in prompt_ids], sample_keys, sampling)
 
     def _receive_buffers(self) -> dict:
         if self._weights is None:
@@ -344,14 +319,13 @@ class Generator(ForgeActor):
         )
 
     async def _generate(
-        self, rendered: list[RenderedPrompt], sample_keys: list[int] | None, overrides: dict[str, Any]
+        self, prompt_ids: list[list[int]], sample_keys: list[int] | None, overrides: dict[str, Any]
     ) -> list[list[Completion]]:
         # Overrides are validated like config: an unknown or bad sampling key fails here.
         params = SamplingParams.model_validate({**self.cfg.sampling.model_dump(), **overrides})
         if sample_keys is None:
-            sample_keys = [sample_seed(self._unkeyed_calls, i) for i in range(len(rendered))]
+            sample_keys = [sample_seed(self._unkeyed_calls, i) for i in range(len(prompt_ids))]
             self._unkeyed_calls += 1
-        prompt_ids = [r.ids for r in rendered]
         started = time.perf_counter()
         if isinstance(self.engine, ConcurrentGenerationEngine):
             version, outputs = await self.engine.generate_async(prompt_ids, params, sample_keys)
@@ -362,7 +336,8 @@ class Generator(ForgeActor):
         tokens = sum(len(seq.token_ids) for group in outputs for seq in group)
         record_metric("generator/tokens_per_s", tokens / max(elapsed, 1e-9), Reduce.MEAN)
         record_metric("generator/generated_tokens", tokens, Reduce.SUM)
-        return to_completions([r.text for r in rendered], prompt_ids, outputs, self.tokenizer, version)
+        texts = [self.tokenizer.decode(ids) for ids in prompt_ids]
+        return to_completions(texts, prompt_ids, outputs, self.tokenizer, version)
 
     @endpoint
     async def update_weights(self, version: int) -> None:

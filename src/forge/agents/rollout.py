@@ -140,7 +140,7 @@ class AgentRollouts:
         record_metric("agent/calls", capture.calls, Reduce.MEAN)
         record_metric("agent/splits", capture.splits, Reduce.SUM)
         record_metric("agent/retokenized", capture.retokenized(), Reduce.SUM)
-        completion = final.to_completion(tokenizer, single_turn=False)
+        completion = final.to_completion(tokenizer)
         completion.agent_reward = None if reward is None else float(reward)
-        completion.split_sequences = [t.to_completion(tokenizer, single_turn=False) for t in earlier] or None
+        completion.split_sequences = [t.to_completion(tokenizer) for t in earlier] or None
         return completion

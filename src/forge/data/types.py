@@ -34,7 +34,8 @@ class Completion:
     environment's turns between them. ``response_mask`` is 1 on the model's tokens and 0 on the
     environment's (None: all the model's), whose logprobs are 0.0 and never trained;
     ``token_versions`` is the version of each response token (None: all ``policy_version``);
-    ``turns`` splits the response by author (None: one model turn); ``truncated`` says a limit
+    ``turns`` splits the response by author: every completion has turns (given as None, it is
+    one model turn, the whole response: a sample as the generator returned it); ``truncated`` says a limit
     (turns or tokens) ended the trajectory before the environment did; ``split_sequences`` are
     the other training sequences of an agent's episode (see the field).
     """
@@ -48,7 +49,7 @@ class Completion:
     policy_version: int
     response_mask: list[int] | None = None
     token_versions: list[int] | None = None
-    turns: list[Turn] | None = None
+    turns: list[Turn] = None  # None when built: one model turn (__post_init__)
     truncated: bool = False
     # An agent's episode split by a rewritten history (forge.agents.capture): the sequences
     # before this one, which train with its reward and advantage.
@@ -58,6 +59,8 @@ class Completion:
     agent_reward: float | None = None
 
     def __post_init__(self) -> None:
+        if self.turns is None:
+            self.turns = [Turn("assistant", self.text, len(self.response_ids))]
         for name in ("logprobs", "response_mask", "token_versions"):
             values = getattr(self, name)
             if values is not None and len(values) != len(self.response_ids):
@@ -65,7 +68,7 @@ class Completion:
                     f"a completion needs one {name} entry per response token: got {len(values)} "
                     f"for {len(self.response_ids)} tokens"
                 )
-        if self.turns is not None and sum(t.num_tokens for t in self.turns) != len(self.response_ids):
+        if sum(t.num_tokens for t in self.turns) != len(self.response_ids):
             raise ValueError(
                 f"the turns of a completion span {sum(t.num_tokens for t in self.turns)} tokens, "
                 f"its response has {len(self.response_ids)}"
@@ -79,14 +82,12 @@ class Completion:
     @property
     def env_reward(self) -> float:
         """The sum of the environment's step rewards (0.0 for one turn without an environment)."""
-        return sum(t.reward for t in self.turns) if self.turns else 0.0
+        return sum(t.reward for t in self.turns)
 
     @property
     def final_answer(self) -> tuple[str, str]:
         """(context, answer) for reward functions: the model's last turn, and everything before
         it as text (the prompt, then the earlier turns). One turn: (prompt, text)."""
-        if not self.turns:
-            return self.prompt, self.text
         last = max(i for i, t in enumerate(self.turns) if t.role == "assistant")
         return self.prompt + "".join(t.text for t in self.turns[:last]), self.turns[last].text
 

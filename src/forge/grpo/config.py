@@ -183,16 +183,6 @@ class GRPOConfig(ForgeConfigModel):
             )
         if self.rollout.replay_from is not None and not self.trainer.enabled:
             raise ValueError("rollout.replay_from trains on recorded rollouts: it needs trainer.enabled=true")
-        # The generator renders the dataset's prompts: one setting, dataset.chat_template.
-        generator_template = self.generator.chat_template
-        if (
-            "chat_template" in self.generator.model_fields_set
-            and generator_template != self.dataset.chat_template
-        ):
-            raise ValueError(
-                f"generator.chat_template ({generator_template}) differs from dataset.chat_template "
-                f"({self.dataset.chat_template}): set dataset.chat_template only, the generator takes it"
-            )
         loss_temperature = getattr(self.trainer.loss, "temperature", None)
         if (
             "temperature" in self.trainer.loss.model_fields_set
@@ -370,8 +360,6 @@ class GRPOConfig(ForgeConfigModel):
         # model of trainer.engine.model's flavor, randomly initialised.
         if "hf_path" not in self.trainer.engine.model.model_fields_set:
             self.trainer.engine.model.hf_path = self.policy_path
-        # The generator renders the dataset's prompts: one setting, dataset.chat_template.
-        self.generator.chat_template = self.dataset.chat_template
         if "seed" not in self.generator.sampling.model_fields_set:
             # The run's seed reaches the sampling (each sample seeded by its prompt and index);
             # an explicit null keeps per-sample seeds off (samples then depend on the batching).

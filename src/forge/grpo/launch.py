@@ -29,6 +29,8 @@ from forge.data.chat_prompts import PromptRenderer
 from forge.envs.turns import TurnRenderer
 from forge.grpo.config import GRPOConfig
 from forge.rewards.scorer import RewardScorer
+from forge.rewards.sources import RewardFunctions, RolloutScorer
+from forge.rollout.groups import OneTurn
 from forge.rollout.records import RolloutRecorder, batches_path
 from forge.rollout.step import Rollouts
 from forge.runs.grpo_loops import GRPOActors
@@ -57,9 +59,9 @@ async def launch_generator(cfg: GRPOConfig, gpus: bool, transport: str) -> Any:
     return await generators.as_actor(generator_cfg, lora=cfg.adapter_sync)
 
 
-async def launch_environments(cfg: GRPOConfig) -> ActorEnvironments | None:
-    if cfg.env is None:
-        return None
+async def launch_environments(cfg: GRPOConfig) -> ActorEnvironments | OneTurn:
+    if cfg.env is None:  # single turn: the built-in environment, in this process
+        return OneTurn()
     # A service even with one replica: an environment that crashes or blocks its process is
     # replaced, where a lone actor's death or hang would stop the run.
     service = await EnvironmentActor.options(num_replicas=cfg.env.replicas).as_service(
@@ -150,10 +152,11 @@ async def start_agent(cfg: GRPOConfig, renderer: TurnRenderer) -> AgentRollouts 
 
 
 async def launch_actors(
-    cfg: GRPOConfig, recorder: RolloutRecorder | None, eval_scorer: RewardScorer, tokenizer
+    cfg: GRPOConfig, recorder: RolloutRecorder | None, eval_functions: RewardScorer, tokenizer
 ) -> GRPOActors:
-    """Every actor of the run, launched together; the eval scorer's worker starts meanwhile (not
-    on the initial eval's time). `tokenizer`: the generator's."""
+    """Every actor of the run, launched together, and the rollouts' scorer over them; the eval's
+    reward worker (`eval_functions`) starts meanwhile (not on the initial eval's time).
+    `tokenizer`: the generator's."""
     pad = pad_id(tokenizer)
     transport = resolve_transport(cfg.generator.weight_transport, one_host=not cfg.provisioner.hosts)
     gpus = torch.cuda.is_available()
@@ -182,7 +185,7 @@ async def launch_actors(
         launch_teacher(cfg, gpus),
         launch_critic(cfg, gpus),
         launch_reward_models(cfg.reward, gpus),
-        asyncio.to_thread(eval_scorer.start),
+        asyncio.to_thread(eval_functions.start),
     )
     if cfg.reference_in_trainer:
         reference = trainer
@@ -197,15 +200,14 @@ async def launch_actors(
         deadline=cfg.generator.deadline,
         agent=await start_agent(cfg, renderer),
     )
-    return GRPOActors(
-        dataset,
-        rollouts,
-        trainer,
-        replay_buffer,
-        reward,
-        advantages,
-        reference,
+    # On this process: the reward models' services are its handles (forge.rewards.sources).
+    scorer = RolloutScorer.for_run(
+        cfg.reward,
+        RewardFunctions.of(cfg.reward, reward.evaluate_groups.route, reward.counts.route),
         reward_models,
-        teacher,
-        critic,
+        environment=cfg.env is not None,
+        agent=cfg.agent is not None,
+    )
+    return GRPOActors(
+        dataset, rollouts, trainer, replay_buffer, scorer, advantages, reference, teacher, critic
     )

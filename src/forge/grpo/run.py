@@ -26,6 +26,7 @@ from forge.grpo.launch import launch_actors, pad_id
 from forge.observability import get_metric_logger
 from forge.recipes.grpo_replay import replay_training
 from forge.rewards.scorer import RewardScorer
+from forge.rewards.sources import RewardFunctions, RolloutScorer
 from forge.rollout.records import RolloutRecorder
 from forge.runs.checkpoint import Progress, RunCheckpointer
 from forge.runs.checks import check_no_earlier_metrics, check_run_inputs
@@ -102,11 +103,16 @@ async def _train(cfg: GRPOConfig, report: Report, tokenizer) -> dict:
     metric_logger = await get_metric_logger(cfg.metrics, config_to_dict(cfg))
     await store.initialize()
     # The eval's reward runs contained like the training rewards: a call that raises or hangs
-    # scores 0 (not solved) and is counted in eval/reward/<name>/errors|timeouts.
-    eval_scorer = RewardScorer(
+    # scores 0 (not solved) and is counted in eval/reward/<name>/errors|timeouts. Its worker
+    # runs in this process (`eval_functions`), scored through the rollouts' kind of scorer.
+    eval_functions = RewardScorer(
         [(cfg.eval.reward_fn, 1.0)],
         timeout_s=cfg.reward.timeout_s,
         memory_limit_gib=cfg.reward.memory_limit_gib,
+        metric_prefix="eval/reward",
+    )
+    eval_scorer = RolloutScorer(
+        [RewardFunctions.in_process(eval_functions)],
         metric_prefix="eval/reward",
     )
     generator = agent = None
@@ -119,7 +125,7 @@ async def _train(cfg: GRPOConfig, report: Report, tokenizer) -> dict:
         # Closed when the loops have stopped: a failure to write the last records stops a run
         # that ended well, and never hides the error a run stopped with (RolloutRecorder.__exit__).
         with recorder or contextlib.nullcontext():
-            actors = await launch_actors(cfg, recorder, eval_scorer, tokenizer)
+            actors = await launch_actors(cfg, recorder, eval_functions, tokenizer)
             generator, agent = actors.rollouts.generator, actors.rollouts.agent
             if cfg.provisioner.hosts:
                 report((await get_provisioner()).report_placement(Path(cfg.output_dir) / "placement.json"))
@@ -142,4 +148,4 @@ async def _train(cfg: GRPOConfig, report: Report, tokenizer) -> dict:
             await stop_pulling(generator)
         await (await get_provisioner()).stop_supervisors()  # no replica is replaced any more
         await store.shutdown()
-        eval_scorer.close()
+        eval_functions.close()

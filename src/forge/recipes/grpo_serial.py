@@ -45,6 +45,7 @@ from forge.observability.collector import pop_state
 from forge.recipes.reward_models import local_reward_models
 from forge.replay_buffer import EpisodeBuffer
 from forge.rewards.scorer import RewardScorer
+from forge.rewards.sources import RewardFunctions, RolloutScorer
 from forge.rl.advantage import group_advantages, has_signal
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses import loss_from_config
@@ -52,7 +53,6 @@ from forge.rl.losses.value import ValueLoss
 from forge.rollout.env_failures import EnvFailures
 from forge.rollout.eval import score_answers
 from forge.rollout.groups import OneTurn, run_groups
-from forge.rollout.scores import score_trajectories
 from forge.rollout.step import without_truncated
 
 
@@ -106,22 +106,26 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
     value_loss = ValueLoss(cfg.critic.value_clip) if cfg.critic is not None else None
     token_advantages = cfg.token_advantages
     loss_fn = loss_from_config(cfg.trainer.loss)
-    # In this process, with no time or memory limit: one process, one thing at a time (the app's reward
-    # actor runs the functions in a worker process it can restart when one hangs).
-    scorer = RewardScorer(
+    # The functions in this process, with no time or memory limit: one process, one thing at a time
+    # (the app's reward actor runs them in a worker process it can restart when one hangs); the
+    # reward models each loaded here; scored by the app's kind of scorer.
+    functions = RewardScorer(
         [(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward, remote=cfg.reward.remote
     )
-
-    async def score_functions(prompts, responses, targets):
-        return scorer.score_groups(prompts, responses, targets)
-
-    # The reward models, each loaded here, scored as the app scores its reward-model services.
-    reward_models = local_reward_models(cfg.reward)
+    scorer = RolloutScorer.for_run(
+        cfg.reward,
+        RewardFunctions.in_process(functions),
+        local_reward_models(cfg.reward),
+        environment=cfg.env is not None,
+    )
     train_rows, eval_rows = load_prompt_rows(cfg.dataset)
     prompts = PromptCursor(train_rows, cfg.dataset.seed)
     buffer = EpisodeBuffer(cfg.replay_buffer)
     eval_rows = eval_rows[: cfg.eval.num_prompts]
-    eval_scorer = RewardScorer([(cfg.eval.reward_fn, 1.0)], metric_prefix="eval/reward")
+    eval_scorer = RolloutScorer(
+        [RewardFunctions.in_process(RewardScorer([(cfg.eval.reward_fn, 1.0)], metric_prefix="eval/reward"))],
+        metric_prefix="eval/reward",
+    )
 
     def generate(
         rows: list[dict],
@@ -157,9 +161,7 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
         # A group whose environment failed is not scored (counted in rollout/env_failures).
         rows, groups = [r for r, g in zip(rows, groups, strict=True) if g], [g for g in groups if g]
         # All groups in one batch, as the reward actor scores them: group functions see each group.
-        scored_groups = asyncio.run(
-            score_trajectories(groups, [r["target"] for r in rows], score_functions, reward_models)
-        )
+        scored_groups = asyncio.run(scorer.score(groups, [r["target"] for r in rows]))
         episodes = []
         for row, group, scores in zip(rows, groups, scored_groups, strict=True):
             for total, *_ in scores:
@@ -205,7 +207,7 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
 
     def accuracy() -> float:
         groups = generate(eval_rows, None, version, 1, max_tokens=cfg.eval.max_tokens, temperature=0.0)
-        scores, _ = score_answers(eval_rows, groups, eval_scorer)
+        scores, _ = asyncio.run(score_answers(eval_rows, groups, eval_scorer))
         record_metric("eval/accuracy", scores.accuracy, Reduce.MEAN)
         record_metric("eval/reward_mean", scores.reward_mean, Reduce.MEAN)
         return scores.accuracy

@@ -1,17 +1,14 @@
-"""Reward models in this process, for the serial recipe: the clients (`forge.rewards.models.
+"""Reward models in this process, for the serial recipe: the clients (`forge.rewards.sources.
 ModelClient`) of a classifier and of a judge, with the engines the app's actors wrap."""
 
 from __future__ import annotations
 
-from transformers import AutoTokenizer
-
 from forge.actors.generator import build_generation_engine
 from forge.actors.reward import RewardConfig, RewardModelConfig
-from forge.actors.reward_models import judge_generator_config
-from forge.data.chat_prompts import PromptRenderer
+from forge.actors.reward_models import judge_generator_config, judge_renderer
 from forge.engines.generation import to_completions
 from forge.engines.reward_classifier import ClassifierRewardEngine
-from forge.rewards.models import ModelClient, RewardModels
+from forge.rewards.sources import ModelClient
 
 
 class LocalClassifier:
@@ -23,27 +20,23 @@ class LocalClassifier:
 
 
 class LocalJudge:
-    """Its questions are rendered with the judge's own tokenizer and chat template, as the app's
-    judge `Generator` renders them."""
+    """Its questions are rendered as the app's judge client renders them (`judge_renderer`)."""
 
     def __init__(self, m: RewardModelConfig):
         cfg = judge_generator_config(m)
         self.sampling = cfg.sampling
-        self.tokenizer = AutoTokenizer.from_pretrained(m.path)
-        self.renderer = PromptRenderer(self.tokenizer, cfg.chat_template)
-        self.engine = build_generation_engine(cfg, self.tokenizer.eos_token_id, self.tokenizer)
+        self.renderer = judge_renderer(m)
+        tokenizer = self.renderer.tokenizer
+        self.engine = build_generation_engine(cfg, tokenizer.eos_token_id, tokenizer)
 
     async def answer(self, questions: list[str]) -> list[str]:
-        rendered = [self.renderer.render(q) for q in questions]
-        ids = [r.ids for r in rendered]
-        outputs = self.engine.generate(ids, self.sampling)
-        completions = to_completions([r.text for r in rendered], ids, outputs, self.tokenizer, 0)
+        ids = [self.renderer.render(q).ids for q in questions]
+        completions = to_completions(
+            questions, ids, self.engine.generate(ids, self.sampling), self.renderer.tokenizer, 0
+        )
         return [samples[0].text for samples in completions]
 
 
-def local_reward_models(cfg: RewardConfig) -> RewardModels:
-    """`reward.models`, each loaded in this process."""
-    clients: list[ModelClient] = [
-        LocalClassifier(m) if m.kind == "classifier" else LocalJudge(m) for m in cfg.models
-    ]
-    return RewardModels(list(zip(cfg.models, clients, strict=True)), cfg.error_reward)
+def local_reward_models(cfg: RewardConfig) -> list[ModelClient]:
+    """A client of each model of `reward.models`, in order, loaded in this process."""
+    return [LocalClassifier(m) if m.kind == "classifier" else LocalJudge(m) for m in cfg.models]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Literal
 
 from forge.observability import Reduce, record_metric
@@ -17,6 +18,15 @@ from forge.observability import Reduce, record_metric
 logger = logging.getLogger(__name__)
 
 FailureKind = Literal["errors", "timeouts"]
+
+
+@dataclass(eq=False)
+class Failure:
+    """A scoring call that failed, in place of the values of the responses it scored (one object
+    for all of them: it counts once); `why` names the source and what went wrong, for the log."""
+
+    kind: FailureKind
+    why: str
 
 
 class RewardFailures:

@@ -45,7 +45,7 @@ class RewardScorer:
 
     ``timeout_s=None`` runs the functions in this process, with no time or memory limit. Each function's
     values are recorded under ``metric_prefix`` (``eval/reward`` for the eval's scorer); the
-    total, which has other sources, where they are summed (`forge.rollout.scores`).
+    total, which has other sources, where they are summed (`forge.rewards.sources`).
     """
 
     def __init__(
@@ -58,7 +58,7 @@ class RewardScorer:
         metric_prefix: str = "reward",
     ):
         self.functions = [(name, weight, get_reward_fn(name)) for name, weight in functions]
-        self.metric_prefix = metric_prefix
+        self.timeout_s, self.metric_prefix = timeout_s, metric_prefix
         self.failures = RewardFailures(error_reward, metric_prefix)
         self._worker = (
             RewardWorker([name for name, _ in functions], timeout_s, memory_limit_gib) if timeout_s else None
@@ -70,6 +70,14 @@ class RewardScorer:
         more to import the functions), e.g. while a run's actors start."""
         if self._worker is not None:
             self._worker.start()
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """{function name: weight}, and the reward server's under ``remote``: the breakdown's keys."""
+        weights = {name: weight for name, weight, _ in self.functions}
+        if self._remote is not None:
+            weights[REMOTE] = self._remote.cfg.weight
+        return weights
 
     @property
     def counts(self) -> dict[str, int]:

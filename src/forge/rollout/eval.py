@@ -7,13 +7,11 @@ generation eval all measure accuracy with `greedy_accuracy`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from forge.data.types import Completion
-from forge.observability import Reduce, record_metric
-from forge.rewards.scorer import RewardScorer
+from forge.rewards.sources import RolloutScorer
 from forge.rollout.records import RolloutRecorder
 from forge.rollout.step import Rollouts
 
@@ -44,26 +42,24 @@ class ScoredAnswers:
     scores: list[float]
 
 
-def score_answers(
-    rows: list[dict], groups: list[list[Completion] | None], scorer: RewardScorer
+async def score_answers(
+    rows: list[dict], groups: list[list[Completion] | None], scorer: RolloutScorer
 ) -> tuple[EvalScores, ScoredAnswers]:
     """Scores each row's greedy trajectory (a group of one; None where its environment failed)
-    with `scorer`, recording the totals in ``<scorer's prefix>/total``; one whose score failed
-    (counted by the scorer) has the scorer's error reward."""
-    answered = [(g[0], r["target"]) for g, r in zip(groups, rows, strict=True) if g is not None]
-    items = [(*c.final_answer, target) for c, target in answered]
-    scores = [total for total, _ in scorer.score_many(items)]
-    for score in scores:
-        record_metric(f"{scorer.metric_prefix}/total", score, Reduce.MEAN)
+    with `scorer` (its totals recorded in ``<scorer's prefix>/total``); one whose score failed
+    (counted) has the error reward."""
+    answered = [(g, r["target"]) for g, r in zip(groups, rows, strict=True) if g is not None]
+    scored = await scorer.score([g for g, _ in answered], [t for _, t in answered])
+    scores = [total for [(total, _, _)] in scored]
     mean = sum(scores) / len(scores) if scores else float("nan")
-    answers = ScoredAnswers([c for c, _ in answered], [t for _, t in answered], scores)
+    answers = ScoredAnswers([g[0] for g, _ in answered], [t for _, t in answered], scores)
     return EvalScores(greedy_accuracy(scores, len(rows)), mean), answers
 
 
 async def greedy_eval(
     rollouts: Rollouts,
     rows: list[dict],
-    scorer: RewardScorer,
+    scorer: RolloutScorer,
     max_tokens: int,
     min_version: int = 0,
     recorder: RolloutRecorder | None = None,
@@ -73,8 +69,7 @@ async def greedy_eval(
     if not rows:
         return EvalScores(float("nan"), float("nan"))
     groups = await rollouts.groups(rows, None, min_version, 1, max_tokens=max_tokens, temperature=0.0)
-    # In a thread: the scorer waits on its worker, at most about two timeout_s when calls hang.
-    scores, answers = await asyncio.to_thread(score_answers, rows, groups, scorer)
+    scores, answers = await score_answers(rows, groups, scorer)
     if recorder is not None:
         recorder.record_eval(answers.completions, answers.targets, answers.scores)
     return scores

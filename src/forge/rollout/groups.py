@@ -13,7 +13,7 @@ and policy version; nothing is re-tokenized (``forge.envs.turns``).
 
 Single-turn GRPO is this code with the built-in ``OneTurn`` environment (the default): it opens
 with the row's prompt as it is and ends every trajectory after the model's first turn, with no
-reward, so its completions are exactly the ones the generator returned.
+reward, so its completions are the ones the generator returned, each as its one turn.
 
 Limits: ``max_turns`` model turns, and a budget of ``max_tokens`` for the whole sequence
 (prompt and every turn; the trainer's ``seq_len``). A trajectory stopped by a limit while its
@@ -36,6 +36,7 @@ by ``forge.rollout.env_failures``.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -67,8 +68,8 @@ class EnvSessions(Protocol):
 
 class OneTurn:
     """The environment of single-turn GRPO (no ``env`` configured): the row's prompt as it is,
-    and one model turn, which ends the trajectory with no reward. Its trajectories become plain
-    completions (no turns or mask: see ``Trajectory.to_completion``)."""
+    and one model turn, which ends the trajectory with no reward: its completions have one model
+    turn, as the generator sampled it."""
 
     async def reset(self, ids: list[str], rows: list[dict]) -> list[Opening | EnvFailure]:
         return [Opening(row["prompt"], None) for row in rows]
@@ -78,6 +79,11 @@ class OneTurn:
 
     async def close(self, ids: list[str]) -> list[EnvFailure]:
         return []
+
+    def session(self):
+        """As an environment service's session (`forge.actors.environment.ActorEnvironments`):
+        here nothing is kept on a replica."""
+        return contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,7 @@ async def run_groups(
     groups = [None if any(t is None or t.error for t in group) else group for group in run.trajectories]
     if dropped := sum(group is None for group in groups):
         failures.dropped(dropped)
-    return _completions(groups, renderer.tokenizer, single_turn=isinstance(envs, OneTurn))
+    return _completions(groups, renderer.tokenizer, environment=not isinstance(envs, OneTurn))
 
 
 class _Run:
@@ -285,14 +291,16 @@ def _apply_step(trajectory: Trajectory, step, renderer: TurnRenderer, limits: Tr
             trajectory.truncated = trajectory.done = True
 
 
-def _completions(groups, tokenizer, single_turn: bool) -> list[list[Completion] | None]:
+def _completions(groups, tokenizer, environment: bool) -> list[list[Completion] | None]:
+    """The trajectories as completions; with an `environment` (not ``OneTurn``), each one's turns
+    and truncation recorded in ``rollout/turns`` and ``rollout/truncated``."""
     out = []
     for group in groups:
         if group is None:
             out.append(None)
             continue
-        out.append([t.to_completion(tokenizer, single_turn) for t in group])
-        if not single_turn:
+        out.append([t.to_completion(tokenizer) for t in group])
+        if environment:
             for t in group:
                 record_metric("rollout/turns", t.model_turns, Reduce.MEAN)
                 record_metric("rollout/truncated", int(t.truncated), Reduce.SUM)

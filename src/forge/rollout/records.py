@@ -53,9 +53,10 @@ RECORD_FIELDS = (
     "response_ids",
     "logprobs",
     "ref_logprobs",
+    "turns",
+    "truncated",
+    "response_mask",
 )
-# What a record of a multi-turn trajectory adds (training and eval records alike).
-TURN_FIELDS = ("turns", "truncated", "response_mask")
 # What a training record adds when a judge model scored it: its answers, by the judge's name.
 NOTE_FIELDS = ("reward_notes",)
 # What a training record adds when its episode trains with per-token advantages.
@@ -142,10 +143,8 @@ def episode_record(step: int, episode: Episode) -> dict[str, Any]:
 
 
 def turn_fields(c: Completion) -> dict[str, Any]:
-    """A multi-turn trajectory's parts (who wrote what, how many tokens, the step rewards) and
-    its loss mask; nothing for a one-turn completion."""
-    if c.turns is None:
-        return {}
+    """A trajectory's parts (who wrote what, how many tokens, the step rewards; one model turn
+    without an environment) and its loss mask."""
     return {
         "turns": [vars(t) for t in c.turns],
         "truncated": c.truncated,
@@ -154,6 +153,7 @@ def turn_fields(c: Completion) -> dict[str, Any]:
 
 
 def turns_from_record(record: dict[str, Any]) -> list[Turn] | None:
+    """The record's turns; None for a one-turn record written before records carried turns."""
     return [Turn(**t) for t in record["turns"]] if record.get("turns") is not None else None
 
 

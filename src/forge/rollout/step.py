@@ -27,26 +27,27 @@ from forge.controller.service import NoHealthyReplicaError, ReplicaFailedError
 from forge.data.types import Completion, Episode
 from forge.envs.turns import TurnRenderer
 from forge.observability import Reduce, record_metric
+from forge.rewards.sources import RolloutScorer
 from forge.rl.advantage import has_signal
 from forge.rollout.env_failures import EnvFailures
 from forge.rollout.groups import EnvSessions, OneTurn, TrajectoryLimits, run_groups
 from forge.rollout.records import RolloutRecorder
-from forge.rollout.scores import score_trajectories
 from forge.rollout.token_advantages import TokenAdvantages
 
 
 @dataclass
 class Rollouts:
     """How dataset rows become groups of trajectories (``forge.rollout.groups``): the generator
-    (actor or service), the chat template, and the environment actors (None: the built-in
-    ``OneTurn``, one turn per prompt), or an agent program instead (``forge.agents.rollout``).
+    (actor or service), the chat template, and the environments (the actors' service, or the
+    built-in ``OneTurn``: one turn per prompt), or an agent program instead
+    (``forge.agents.rollout``).
     ``max_tokens`` bounds each model turn (``generator.sampling.max_tokens``); each generate
     call must answer within ``deadline`` for the tokens it may sample."""
 
     generator: Any
     renderer: TurnRenderer
     max_tokens: int
-    envs: ActorEnvironments | None = None
+    envs: ActorEnvironments | OneTurn = field(default_factory=OneTurn)
     limits: TrajectoryLimits = TrajectoryLimits()
     drop_truncated: bool = False
     deadline: CallDeadline = field(default_factory=CallDeadline)
@@ -64,7 +65,7 @@ class Rollouts:
     ) -> list[list[Completion] | None]:
         async def generate(prompt_ids, sample_keys, n: int, max_tokens: int, **sampling):
             seconds = self.deadline.seconds(len(prompt_ids) * n * max_tokens)
-            return await self.generator.generate_ids.route_within(
+            return await self.generator.generate.route_within(
                 seconds,
                 prompt_ids,
                 sample_keys,
@@ -93,25 +94,21 @@ class Rollouts:
             return await self.agent.groups(
                 rows, sample_keys, group_size, generate, max_tokens, sampling.get("temperature")
             )
-        if self.envs is None:  # single turn: the built-in environment, in this process
-            return await run(OneTurn())
         # A rollout's trajectories stay on one environment replica: it holds their state.
         async with self.envs.session():
             return await run(self.envs)
 
 
 async def score_groups(
-    rows: list[dict], groups: list[list[Completion]], reward, advantages, reward_models=None
+    rows: list[dict], groups: list[list[Completion]], scorer: RolloutScorer, advantages
 ) -> list[list[Episode]]:
-    """Rewards (`forge.rollout.scores`: the reward actor's functions and server, the reward
-    models, the environment's), then group-relative advantages, for the completions of each
-    prompt: one call to the reward actor, the reward models' calls at once, one to advantages
-    (None: no group advantages, each episode's is 0; its per-token ones come later,
-    `forge.rollout.token_advantages`). An agent's episode split into several sequences is scored
-    once, by its final one, and each sequence becomes an episode with that reward and advantage."""
-    scores = await score_trajectories(
-        groups, [r["target"] for r in rows], reward.evaluate_groups.route, reward_models
-    )
+    """Rewards (`scorer`: the reward actor's functions and server, the reward models, the
+    environment's), then group-relative advantages, for the completions of each prompt: the
+    sources' calls at once, then one call to advantages (None: no group advantages, each episode's is
+    0; its per-token ones come later, `forge.rollout.token_advantages`). An agent's episode split into several
+    sequences is scored once, by its final one, and each sequence becomes an episode with that
+    reward and advantage."""
+    scores = await scorer.score(groups, [r["target"] for r in rows])
     totals = [[total for total, *_ in group] for group in scores]
     if advantages is None:
         values = [[0.0] * len(group) for group in totals]
@@ -212,7 +209,7 @@ async def rollout_step(
     *,
     dataset,
     rollouts: Rollouts,
-    reward,
+    scorer: RolloutScorer,
     advantages,
     reference,
     replay_buffer,
@@ -222,7 +219,6 @@ async def rollout_step(
     min_version: int = 0,
     counts: RolloutCounts | None = None,
     recorder: RolloutRecorder | None = None,
-    reward_models=None,
     teacher=None,
     token_advantages: TokenAdvantages | None = None,
     critic=None,
@@ -254,7 +250,7 @@ async def rollout_step(
     rows, groups = [r for r, g in zip(rows, groups, strict=True) if g], [g for g in groups if g]
     if not groups:
         return []
-    scored = await score_groups(rows, groups, reward, advantages, reward_models)
+    scored = await score_groups(rows, groups, scorer, advantages)
     signal = [has_signal(torch.tensor([e.reward for e in g])) for g in scored]
     kept = [g for g, s in zip(scored, signal, strict=True) if s or not skip_groups_without_signal]
     skipped = [g for g, s in zip(scored, signal, strict=True) if not s and skip_groups_without_signal]

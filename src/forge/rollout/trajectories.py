@@ -75,11 +75,11 @@ class Trajectory:
                 drop = 0
         self.truncated, self.done, self.stop_reason = True, True, "length"
 
-    def to_completion(self, tokenizer, single_turn: bool) -> Completion:
-        """The trajectory as one ``Completion``. ``single_turn``: a plain one-turn completion
-        (no mask or turns; versions only when they differ), exactly what the generator returned."""
+    def to_completion(self, tokenizer) -> Completion:
+        """The trajectory as one ``Completion``, with its turns. Its mask and token versions are
+        None where they say nothing (every token the model's, every token one version), as in the
+        generator's samples: a one-turn trajectory is exactly the sample it took, as its one turn."""
         text = tokenizer.decode(self.response_ids, skip_special_tokens=True)
-        multi = not single_turn
         start = 0
         for turn in self.turns:  # each turn's text is its own tokens, decoded like `text`
             turn.text = tokenizer.decode(
@@ -94,8 +94,8 @@ class Trajectory:
             text=text,
             stop_reason=self.stop_reason,
             policy_version=min(self.versions) if self.versions else 0,
-            response_mask=self.mask if multi else None,
-            token_versions=self.versions if multi or len(set(self.versions)) > 1 else None,
-            turns=self.turns if multi else None,
+            response_mask=self.mask if 0 in self.mask else None,
+            token_versions=self.versions if len(set(self.versions)) > 1 else None,
+            turns=self.turns,
             truncated=self.truncated,
         )

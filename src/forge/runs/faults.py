@@ -22,7 +22,7 @@ from forge.runs.errors import ActorFailed, RunStopped
 logger = logging.getLogger(__name__)
 
 # Monarch's messages: "Actor call TitanTrainer_3.train_step failed." and
-# "Endpoint call Generator_1.generate_batch() failed, ...".
+# "Endpoint call Generator_1.generate() failed, ...".
 _CALL_RE = re.compile(r"(?:Actor|Endpoint) call (\S+?)\.(\w+)")
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from forge.grpo.config import GRPOConfig
 from forge.observability import Reduce, record_metric
 from forge.observability.progress import Progress as ProgressDisplay
+from forge.rewards.sources import RolloutScorer
 from forge.rollout.eval import greedy_eval
 from forge.rollout.records import RolloutRecorder, trim_run_records
 from forge.rollout.step import RolloutCounts, Rollouts, rollout_step, wait_for_room
@@ -43,17 +44,16 @@ from forge.staleness import StalenessBound
 @dataclass
 class GRPOActors:
     """The handles the loops drive (trainer, advantages, reference, teacher and critic None when
-    the config has none; with LoRA the reference is the trainer, `GRPOConfig.reference_in_trainer`;
-    reward_models: forge.rewards.models.RewardModels, or None for none)."""
+    the config has none; with LoRA the reference is the trainer, `GRPOConfig.reference_in_trainer`),
+    and the rollouts' scorer, on this process, over the reward actor and the reward models' services."""
 
     dataset: Any
     rollouts: Rollouts
     trainer: Any
     replay_buffer: Any
-    reward: Any
+    scorer: RolloutScorer
     advantages: Any
     reference: Any
-    reward_models: Any = None
     teacher: Any = None
     critic: Any = None
 
@@ -85,7 +85,7 @@ class GRPOLoops:
         cfg: GRPOConfig,
         actors: GRPOActors,
         eval_rows: list[dict],
-        eval_scorer,
+        eval_scorer: RolloutScorer,
         metric_logger,
         checkpoints: RunCheckpointer,
         recorder: RolloutRecorder | None,
@@ -143,7 +143,7 @@ class GRPOLoops:
                     added = await rollout_step(
                         dataset=a.dataset,
                         rollouts=a.rollouts,
-                        reward=a.reward,
+                        scorer=a.scorer,
                         advantages=a.advantages,
                         reference=a.reference,
                         replay_buffer=a.replay_buffer,
@@ -153,7 +153,6 @@ class GRPOLoops:
                         min_version=slot.min_version,
                         counts=self.counts,
                         recorder=self.recorder,
-                        reward_models=a.reward_models,
                         teacher=a.teacher,
                         token_advantages=cfg.token_advantages,
                         critic=a.critic,
@@ -189,9 +188,8 @@ class GRPOLoops:
             starvation_report,
             self.counts,
             self.actors.replay_buffer,
-            self.actors.reward,
+            self.actors.scorer,
             cfg.replay_buffer,
-            self.actors.reward_models,
             cfg.env,
             self.actors.rollouts.env_failures,
         )

@@ -49,22 +49,18 @@ async def wait_for_batch(batch: Awaitable, timeout_s: float, explain: Callable[[
 async def starvation_report(
     rollouts: RolloutCounts,
     replay_buffer,
-    reward,
+    scorer,
     buffer_config,
-    reward_models=None,
     env: EnvConfig | None = None,
     env_failures: EnvFailures | None = None,
 ) -> str:
     """Counts since the start that explain a starving trainer (`buffer_config`: a
-    `ReplayBufferConfig`). Reward errors and timeouts are every source's: the reward actor's
-    functions and server, and the reward models (`forge.rewards.models.RewardModels`,
-    called from this process). With `env`, the environment's failures (`env_failures`) are
-    named, and said to explain the starvation when they dropped as many groups as were kept."""
+    `ReplayBufferConfig`). Reward errors and timeouts are every source's (`scorer`: the rollouts'
+    `forge.rewards.sources.RolloutScorer`): the reward actor's functions and server, and the
+    reward models. With `env`, the environment's failures (`env_failures`) are named, and said to
+    explain the starvation when they dropped as many groups as were kept."""
     buffer = await replay_buffer.counts.route()
-    rewards = await reward.counts.route()
-    if reward_models is not None:
-        rewards = {kind: n + reward_models.counts[kind] for kind, n in rewards.items()}
-    return starvation_message(rollouts, buffer, rewards, buffer_config, env, env_failures)
+    return starvation_message(rollouts, buffer, await scorer.counts(), buffer_config, env, env_failures)
 
 
 def starvation_message(

@@ -42,7 +42,8 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     out = Path(args.output)
     lora = [
-        f"trainer.engine.lora={{rank: {args.rank}, alpha: {args.alpha}}}",
+        f"trainer.engine.lora.rank={args.rank}",
+        f"trainer.engine.lora.alpha={args.alpha}",
         f"trainer.engine.optimizer.lr={args.lr}",
     ]
     arms = {"full fine-tuning (lr 3e-4)": (out / "full", overrides)}

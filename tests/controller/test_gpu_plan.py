@@ -67,9 +67,11 @@ def test_replicas_share_a_gpu_when_asked_and_their_memory_shares_add_up():
 
 
 def test_disaggregated_reward_models_with_gpus_of_their_own_come_last():
-    request = PlacementRequest(trainer_procs=1, generator_replicas=2, colocate=False, own_gpus={"judge": 1})
+    request = PlacementRequest(
+        trainer_procs=1, generator_replicas=2, colocate=False, own_gpus={"reward model judge": 1}
+    )
     plan = plan_gpus(request, Machine(4))
-    assert slots(plan) == ([0], [[1], [2]]) and plan.own_gpus == {"judge": [3]}
+    assert slots(plan) == ([0], [[1], [2]]) and plan.own_gpus == {"reward model judge": [3]}
     described = plan.describe(["4", "5", "6", "7"])  # the GPUs' own names
     assert "trainer (and reference model): GPU 4" in described
     assert "generator replica 1: GPU 6" in described and "reward model judge: GPU 7" in described
@@ -94,7 +96,9 @@ def test_disaggregated_reward_models_with_gpus_of_their_own_come_last():
             ["trainer.procs (2) + generator.replicas (2) x", "= 6 GPUs", "set provisioner.colocate=true"],
         ),
         (
-            PlacementRequest(trainer_procs=1, generator_replicas=1, colocate=False, own_gpus={"judge": 1}),
+            PlacementRequest(
+                trainer_procs=1, generator_replicas=1, colocate=False, own_gpus={"reward model judge": 1}
+            ),
             Machine(2),
             ["reward model judge (1)", "= 3 GPUs"],
         ),

@@ -30,6 +30,9 @@ DISTILL = [
     "eval.every=0",
     "distill.weight=2.0",
     "rollout.advantage=reinforce_pp",
+    # The teacher in processes of its own (the killed-trainer test in test_grpo_durable.py has one
+    # beside the trainer).
+    "distill.gpu=own",
 ]
 COMPARED = ("train/loss", "loss/pg", "train/grad_norm", "buffer/sampled_reward")
 

@@ -6,6 +6,7 @@ import pytest
 from safetensors.torch import load_file
 
 from forge.config import load_config
+from forge.config.errors import ConfigError
 from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP, Machine, PlacementError, plan_gpus
 from forge.grpo.config import GRPOConfig
 from forge.runs.placement import grpo_gpu_plan, placement_request, policy_settings, trainer_state_gib
@@ -29,6 +30,26 @@ def test_grpo_config_request_counts_the_trainer_state(write_grpo_config):
     # So does a critic (PPO): its weights, gradients and two moments.
     critic = load_config(GRPOConfig, config, ["trainer.procs=2", "critic={}", "rollout.advantage=gae"])
     assert trainer_state_gib(critic, settings) == pytest.approx(count * 4 * 9 / 2 / 2**30)
+
+
+def test_a_teacher_on_gpus_of_its_own_comes_after_the_generators(write_grpo_config):
+    config = write_grpo_config()
+    base = load_config(GRPOConfig, config, ["provisioner.colocate=false"])
+    own = ["provisioner.colocate=false", f"distill.teacher_path={base.policy_path}", "distill.gpu=own"]
+    cfg = load_config(GRPOConfig, config, [*own, "distill.procs=2"])
+    settings = policy_settings(cfg.trainer.engine.model)
+    # Its weights are not the trainer's GPUs' to hold; its engine is sharded over its own processes.
+    assert trainer_state_gib(cfg, settings) == trainer_state_gib(base, settings)
+    assert cfg.teacher_engine.parallelism.data_parallel_shard_degree == -1
+    plan = grpo_gpu_plan(cfg, ["0", "1", "2", "3"])
+    assert (plan.slots[TRAINER_GROUP], plan.slots[GENERATOR_GROUP]) == ([[0]], [[1]])
+    assert plan.own_gpus == {"teacher": [2, 3]} and "teacher: GPU 2,3" in plan.describe()
+    with pytest.raises(
+        PlacementError, match=r"trainer.procs \(1\) \+ generator.replicas \(1\) .* \+ teacher \(2\) = 4 GPUs"
+    ):
+        grpo_gpu_plan(cfg, ["0", "1", "2"])
+    with pytest.raises(ConfigError, match="distill.procs .2. applies to a teacher on GPUs of its own"):
+        load_config(GRPOConfig, config, [f"distill.teacher_path={base.policy_path}", "distill.procs=2"])
 
 
 def test_a_run_that_does_not_fit_the_gpus_is_refused_naming_keys(write_grpo_config):

@@ -7,7 +7,7 @@ Two modes (`provisioner.colocate`):
   `generator.replicas_per_gpu`), so each GPU holds a trainer rank and k generator replicas,
   or their share of them with TP;
 - disaggregated: the trainer on GPUs 0..P-1, the replicas on the GPUs after them (k to a
-  GPU, as above), then the GPUs of reward models that have their own.
+  GPU, as above), then the GPUs of reward models and a teacher that have their own.
 
 The reference model takes the trainer's GPUs (it has the trainer's processes and sharding).
 A plan that cannot work is refused naming the config keys: too few GPUs, a tensor-parallel
@@ -81,7 +81,8 @@ class PlacementRequest:
     trainer_gib: float | None = None
     # The policy's attention heads and key/value heads, which vLLM's TP splits; None: unchecked.
     attention_heads: tuple[int, int] | None = None
-    # Reward models with GPUs of their own: name -> GPUs they take (replicas).
+    # Meshes with GPUs of their own, after the generators': what they are ("reward model judge",
+    # "teacher") -> GPUs they take.
     own_gpus: dict[str, int] = field(default_factory=dict)
 
 
@@ -114,7 +115,7 @@ class GpuPlan:
                 replica = f" replica {i}" if group == GENERATOR_GROUP else ""
                 lines.append(f"  {label}{replica}: GPU {gpus(slot)}")
         for name, taken in self.own_gpus.items():
-            lines.append(f"  reward model {name}: GPU {gpus(taken)}")
+            lines.append(f"  {name}: GPU {gpus(taken)}")
         unused = sorted(
             set(range(self.machine.gpus))
             - self.planned_gpus()
@@ -150,7 +151,7 @@ def plan_gpus(request: PlacementRequest, machine: Machine) -> GpuPlan:
     else:
         needed = r.trainer_procs + generator_gpus + sum(r.own_gpus.values())
         if needed > machine.gpus:
-            own = "".join(f" + reward model {name} ({n})" for name, n in r.own_gpus.items())
+            own = "".join(f" + {name} ({n})" for name, n in r.own_gpus.items())
             raise PlacementError(
                 f"provisioner.colocate=false gives the trainer GPUs of its own: trainer.procs ({r.trainer_procs}) "
                 f"+ {replicas}{own} = {needed} GPUs, but this machine has {machine.gpus}: lower them, or set "

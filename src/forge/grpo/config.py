@@ -14,7 +14,7 @@ from forge.config import ForgeConfigModel
 from forge.controller import ProvisionerConfig
 from forge.data.prompts import PromptDataConfig
 from forge.engines.lora_sync import AdapterSync
-from forge.engines.titan.config import ModelConfig, OptimizerConfig, TitanEngineConfig
+from forge.engines.titan.config import ModelConfig, OptimizerConfig, ParallelismConfig, TitanEngineConfig
 from forge.envs.config import EnvConfig
 from forge.observability import MetricsConfig
 from forge.replay_buffer import ReplayBufferConfig
@@ -89,6 +89,21 @@ class DistillConfig(ForgeConfigModel):
     # The distillation term's weight against the rewards' advantages (no reward function: the
     # teacher's signal alone).
     weight: float = Field(1.0, gt=0)
+    # Where the teacher runs: `trainer`, beside the trainer on its processes and GPUs, with its
+    # parallelism (each GPU holds a shard of the teacher too); `own`, on `procs` processes of its
+    # own, a GPU each after the generators' (provisioner.colocate=false), its weights sharded over
+    # them (FSDP), for a teacher that does not fit beside the trainer.
+    gpu: Literal["trainer", "own"] = "trainer"
+    procs: int = Field(1, ge=1, description="the teacher's processes with gpu: own")
+
+    @model_validator(mode="after")
+    def _procs_need_own(self) -> DistillConfig:
+        if self.procs != 1 and self.gpu != "own":
+            raise ValueError(
+                f"distill.procs ({self.procs}) applies to a teacher on GPUs of its own: set distill.gpu: own, "
+                "or leave procs out (beside the trainer it has the trainer's processes)"
+            )
+        return self
 
 
 class CriticConfig(ForgeConfigModel):
@@ -423,7 +438,10 @@ class GRPOConfig(ForgeConfigModel):
         model = ModelConfig(
             hf_path=self.distill.teacher_path, sampled_rows=self.trainer.engine.model.sampled_rows
         )
-        return self.trainer.engine.model_copy(update={"model": model, "lora": None})
+        update = {"model": model, "lora": None}
+        if self.distill.gpu == "own":  # its own processes: sharded over them alone
+            update["parallelism"] = ParallelismConfig()
+        return self.trainer.engine.model_copy(update=update)
 
     @property
     def critic_engine(self) -> TitanEngineConfig | None:

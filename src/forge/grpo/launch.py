@@ -102,13 +102,17 @@ async def launch_reference(cfg: GRPOConfig, gpus: bool) -> Any | None:
 
 async def launch_teacher(cfg: GRPOConfig, gpus: bool) -> Any | None:
     """The teacher (distill) is a reference model of another checkpoint, placed as the reference
-    is: with the trainer's processes, hosts, GPUs and parallelism. It scores at the sampling
-    temperature, the distribution the policy's logprobs describe."""
+    is (with the trainer's processes, hosts, GPUs and parallelism), or with `distill.gpu: own` on
+    processes and GPUs of its own. It scores at the sampling temperature, the distribution the
+    policy's logprobs describe."""
     if cfg.distill is None:
         return None
-    teachers = ReferenceModel.options(
-        procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group=TRAINER_GROUP
-    )
+    if cfg.distill.gpu == "own":
+        teachers = ReferenceModel.options(procs=cfg.distill.procs, with_gpus=gpus)
+    else:
+        teachers = ReferenceModel.options(
+            procs=cfg.trainer.procs, hosts=cfg.trainer.hosts, with_gpus=gpus, gpu_group=TRAINER_GROUP
+        )
     return await teachers.as_actor(cfg.teacher_engine, cfg.generator.sampling.temperature, "teacher")
 
 

@@ -23,7 +23,7 @@ def policy_settings(model_cfg) -> dict[str, Any]:
 
 def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
     """Per trainer GPU: the policy's weights, gradients and two AdamW moments in the training
-    dtype, the weights of the reference model and of the teacher (distill) where there are any,
+    dtype, the weights of the reference model and of a teacher beside the trainer where there are any,
     and the critic's weights, gradients and moments where there is one (they share the trainer's
     GPUs), over the FSDP shards; with LoRA, the frozen weights once (in their dtype) and the
     adapters' four copies, the reference being the trainer's own model. A floor: activations
@@ -44,7 +44,7 @@ def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
         state = frozen + adapters * itemsize * 4
     else:
         state = parameter_count(settings) * itemsize * (4 + (1 if cfg.reference_actor else 0))
-    if cfg.distill is not None:
+    if cfg.distill is not None and cfg.distill.gpu == "trainer":
         state += parameter_count(read_checkpoint_model(cfg.distill.teacher_path).settings) * itemsize
     if cfg.critic is not None:
         critic = settings if cfg.critic.path is None else read_checkpoint_model(cfg.critic.path).settings
@@ -54,7 +54,9 @@ def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
 
 def placement_request(cfg: GRPOConfig, settings: dict[str, Any]) -> PlacementRequest:
     vllm = cfg.generator.engine != "hf"
-    own = {m.name: m.replicas for m in cfg.reward.models if m.gpu == "own"}
+    own = {f"reward model {m.name}": m.replicas for m in cfg.reward.models if m.gpu == "own"}
+    if cfg.distill is not None and cfg.distill.gpu == "own":
+        own["teacher"] = cfg.distill.procs
     return PlacementRequest(
         trainer_procs=cfg.trainer.procs if cfg.trainer.enabled else 0,
         generator_replicas=cfg.generator.replicas,

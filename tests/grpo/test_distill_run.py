@@ -2,7 +2,8 @@
 policy's tokenizer) and no reward function trains on the teacher's signal alone, records the
 reverse KL to the teacher every step, and in sync mode equals the serial recipe bit for bit.
 The run takes REINFORCE++'s advantages (rollout.advantage: reinforce_pp, with no group
-advantages actor), which with no rewards are 0, so that one app run covers that path too."""
+advantages actor), which with no rewards are 0, and one sample a prompt (group_size 1), so that
+one app run covers those paths too."""
 
 import json
 
@@ -30,6 +31,7 @@ DISTILL = [
     "eval.every=0",
     "distill.weight=2.0",
     "rollout.advantage=reinforce_pp",
+    "rollout.group_size=1",  # a baseline of the batch, not of a group: one sample a prompt will do
     # The teacher in processes of its own (the killed-trainer test in test_grpo_durable.py has one
     # beside the trainer).
     "distill.gpu=own",

@@ -27,7 +27,9 @@ from forge.actors.generator import GeneratorConfig, build_generation_engine
 from forge.config import load_config
 from forge.engines.generation import SamplingParams
 from forge.grpo.config import GRPOConfig
+from forge.recipes.grpo_replay import load_replay_batches
 from forge.recipes.grpo_serial import grpo_serial
+from forge.rl.batch import PolicyBatch
 from forge.rollout.records import batches_path, read_records
 from forge.runs.restarts import ACTOR_FAILED_EXIT
 
@@ -241,7 +243,19 @@ COMPARED = (
     "train/grad_norm",
     "buffer/sampled_reward",
     "eval/accuracy",
+    # The critic's: its loss and values on the trained batch, after the restart from its
+    # checkpointed weights and optimizer state too.
+    "critic/value_loss",
+    "critic/values",
+    "critic/grad_norm",
 )
+# PPO's advantages (GAE over a critic's values, with the KL penalty in the token rewards) and a
+# teacher (distill) adding its per-token term, in the app and in the recipe alike.
+PPO_AND_TEACHER = [
+    "rollout.advantage=gae",
+    "rollout.kl_coef=0.05",
+    "critic={optimizer: {lr: 0.003}, lam: 0.9}",
+]
 
 
 def test_a_killed_trainer_names_itself_and_the_restarted_run_equals_the_serial_recipe(
@@ -250,17 +264,24 @@ def test_a_killed_trainer_names_itself_and_the_restarted_run_equals_the_serial_r
     """With max_restarts 1, the invocation whose trainer is SIGKILLed after the step-2 checkpoint
     restarts the pipeline from it and finishes. The steps before the kill, and those after the
     restart, are the serial recipe's numbers: the pipeline is the recipe, and a restart loses or
-    repeats nothing. A teacher (distill) adds its per-token term to the rewards' advantages, in
-    the app and in the recipe alike, and the restarted pipeline has its teacher again."""
+    repeats nothing. The run has a critic (PPO's GAE advantages) and a teacher: the restarted
+    pipeline restores the critic from the checkpoint and has its teacher again."""
     config = write_grpo_config(
         reward=f"{{functions: [{{name: '{rewards_module}:by_characters'}}]}}",
         distill=f"{{teacher_path: {tiny_teacher}, weight: 0.5}}",
     )
-    serial = grpo_serial(load_config(GRPOConfig, config, SYNC))
+    serial = grpo_serial(load_config(GRPOConfig, config, [*SYNC, *PPO_AND_TEACHER]))
     expected = [{"step": 0, "eval/accuracy": serial["eval_accuracy"][0][1]}, *serial["metrics"]]
 
     killed = tmp_path / "killed"
-    argv = ["--config", str(config), *SYNC, f"output_dir={killed}", f"metrics.jsonl_path={killed}/m.jsonl"]
+    argv = [
+        "--config",
+        str(config),
+        *SYNC,
+        *PPO_AND_TEACHER,
+        f"output_dir={killed}",
+        f"metrics.jsonl_path={killed}/m.jsonl",
+    ]
     returncode, output = run_killing_after_checkpoint(
         [*argv, "max_restarts=1", "restart_backoff_s=0"], killed, "TitanTrainer"
     )
@@ -276,6 +297,17 @@ def test_a_killed_trainer_names_itself_and_the_restarted_run_equals_the_serial_r
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]  # step 0 (the initial eval), no repeats, no gaps
     assert [r["run/restarts"] for r in resumed[1:]] == [0, 0, 1, 1]
     assert any("distill/reverse_kl" in r for r in resumed[3:])  # the restarted teacher scored
+    # The critic trained every step from its zero head (values 0 at the first step), and the
+    # checkpoints hold its state beside the trainer's.
+    assert resumed[1]["critic/values"] == 0.0 and all(r["critic/values"] != 0.0 for r in resumed[2:])
+    assert any("critic/explained_variance" in r for r in resumed)
+    assert (killed / "checkpoints" / "step_00000004" / "critic").is_dir()
+    # The trained advantages are GAE's per token; the batches carry the critic's values and the
+    # returns, recorded for replay.
+    [first_rank] = load_replay_batches(killed / "rollouts.jsonl")[-1]
+    batch = PolicyBatch.from_episodes(first_rank, pad_id=0)
+    assert batch.advantages.shape == batch.values.shape == batch.returns.shape == batch.loss_mask.shape
+    assert batch.values.abs().sum() > 0 and batch.returns.abs().sum() > 0
     # The record files continue across the resume: one batch record per step, each of its
     # episodes recorded exactly once, records in step order (the killed run's after step 2 dropped).
     records = list(read_records(killed / "rollouts.jsonl"))

@@ -100,11 +100,12 @@ class TokenAdvantages:
         else:
             advantages = torch.tensor([e.advantage for e in episodes], dtype=torch.float32)[:, None] * mask
         if self.distill_weight:
-            teacher = _padded(teacher_logprobs)
-            advantages = advantages + self.distill_weight * distill_advantages(generator, teacher, mask)
-            sampled = mask.sum(-1)
-            reverse_kl = ((generator - teacher) * mask).sum(-1) / sampled.clamp(min=1)
-            for kl, count in zip(reverse_kl.tolist(), sampled.tolist(), strict=True):
+            gap = distill_advantages(generator, _padded(teacher_logprobs), mask)
+            advantages = advantages + self.distill_weight * gap
+            # The sampled tokens' mean of generator - teacher logprob: the gap's, negated.
+            counts = mask.sum(-1)
+            reverse_kl = -gap.sum(-1) / counts.clamp(min=1)
+            for kl, count in zip(reverse_kl.tolist(), counts.tolist(), strict=True):
                 if count:
                     record_metric("distill/reverse_kl", kl, Reduce.MEAN)
         for episode, row in zip(episodes, advantages, strict=True):

@@ -473,6 +473,11 @@ def _add_lora_from_memory(
     peft_helper.validate_legal(manager.lora_config)
     model = manager._adapter_manager.model
     mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is not None:
+        # The renames alone, as vLLM's loader parses LoRA names: get_rename_mapper from vLLM 0.32,
+        # get_unstacked_mapper before it (0.26, the GPU machines' build).
+        mapper = getattr(mapper, "get_rename_mapper", None) or mapper.get_unstacked_mapper
+        mapper = mapper()
     lora = LoRAModel.from_lora_tensors(
         lora_id,
         tensors,
@@ -480,7 +485,7 @@ def _add_lora_from_memory(
         device="cpu",
         dtype=manager.lora_config.lora_dtype,
         model_vocab_size=manager.vocab_size,
-        weights_mapper=None if mapper is None else mapper.get_rename_mapper(),
+        weights_mapper=mapper,
         skip_prefixes=getattr(model, "lora_skip_prefixes", None),
     )
     if replaced_id is not None:

@@ -451,9 +451,13 @@ class TitanEngine:
             dist.all_reduce(stacked, op=op, group=self.parallel_dims.get_mesh("batch").get_group())
         return dict(zip(names, stacked.tolist(), strict=True))
 
-    def hf_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    def hf_state_dict(
+        self, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+    ) -> dict[str, torch.Tensor]:
         """Full (gathered on every rank) tensors under Hugging Face names; with LoRA, the
-        adapters merged into the weights.
+        adapters merged into the weights. With ``device`` (an export: ``"cpu"``) each tensor is
+        moved there as soon as it is gathered, so the GPU holds one whole weight at a time (a
+        GPU that a generator shares has no room for a second copy of an 8B model).
 
         With ``dtype`` (e.g. the generator's bfloat16) each parameter is cast on its own shard
         before the gather, so the gather moves that dtype's bytes and the float32 master
@@ -462,7 +466,7 @@ class TitanEngine:
         storage with the live parameters: copy them if they must outlive the next ``train_step``.
         """
         titan_sd = {
-            name: _gather(t.detach() if dtype is None else t.detach().to(dtype))
+            name: _gather(t.detach() if dtype is None else t.detach().to(dtype)).to(device)
             for name, t in self._weights()
         }
         return self.adapter.to_hf(titan_sd)
@@ -521,7 +525,7 @@ class TitanEngine:
         """
         checkpoint = self.checkpoint_model
         dtype = dtype or (checkpoint.dtype if checkpoint is not None else None)
-        hf_sd = self.hf_state_dict(getattr(torch, dtype) if dtype else None)
+        hf_sd = self.hf_state_dict(getattr(torch, dtype) if dtype else None, device="cpu")
         if dist.get_rank() == 0:
             if checkpoint is not None:
                 config = checkpoint_export_config(checkpoint.path, dtype)

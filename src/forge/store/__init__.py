@@ -57,7 +57,6 @@ def _manifest_key(version: int, prefix: str) -> str:
 
 
 logger = logging.getLogger(__name__)
-_volume_mesh = None
 
 
 async def initialize() -> None:
@@ -67,12 +66,11 @@ async def initialize() -> None:
     `provisioner.placement` says: by default on the trainer's host, since the trainer writes
     every byte and each generator reads it once. `placement()` reports where it is.
     """
-    global _volume_mesh
     provisioner = await get_provisioner()
     await get_or_spawn_controller(_STORE_NAME, AsyncController)
     # Our own mesh for the storage volume (torchstore would spawn one it never stops).
-    _volume_mesh = await provisioner.get_proc_mesh(name=STORE_MESH_NAME, collect_metrics=False)
-    await ts.initialize(store_name=_STORE_NAME, mesh=_volume_mesh)
+    volume_mesh = await provisioner.get_proc_mesh(name=STORE_MESH_NAME, collect_metrics=False)
+    await ts.initialize(store_name=_STORE_NAME, mesh=volume_mesh)
     where = await placement()
     if where is not None:
         logger.info("weight store volume on host %s (%s)", where["hosts"], where["addresses"])
@@ -86,12 +84,10 @@ async def placement() -> dict | None:
 
 
 async def shutdown() -> None:
-    """Drops every stored version and stops the storage volume's process."""
-    global _volume_mesh
+    """Drops every stored version. The storage volume's process is one of the provisioner's
+    meshes, and stops with the others (`forge.controller.provisioner.shutdown`, called next by
+    every program): stopping it here would wait for its exit alone, a second a run."""
     await ts.shutdown(_STORE_NAME)
-    if _volume_mesh is not None:
-        await (await get_provisioner()).stop_proc_mesh(_volume_mesh)
-        _volume_mesh = None
 
 
 async def _bounded(coroutines) -> list:

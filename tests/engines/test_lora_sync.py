@@ -54,6 +54,11 @@ def sync(trainer: TitanEngine, mode: str) -> AdapterSync:
     return AdapterSync.of(trainer.config, mode)
 
 
+def merged_weights(merge: MergeOnArrival, adapters: dict) -> dict:
+    """Every merged weight of a version, copied out of the chunk buffer the next chunk reuses."""
+    return {name: t.clone() for chunk in merge.chunks(adapters) for name, t in chunk.items()}
+
+
 def assert_trainers_logprobs(trainer: TitanEngine, samples, atol: float = 1e-4) -> None:
     completions = [
         Completion("", prompt, s.token_ids, s.logprobs, "", s.stop_reason, 0)
@@ -82,7 +87,10 @@ def test_only_the_adapters_are_published_and_the_merge_is_the_trainers_bit_for_b
     # The generator's merge of what arrives is the trainer's merged weights, bit for bit, in the
     # engine's dtype as the trainer would have published them.
     for dtype in (torch.float32, torch.bfloat16):
-        merged = MergeOnArrival.from_checkpoint(sync(trainer, "merge"), checkpoint, shapes, dtype)(adapters)
+        # Chunks of one block each (the smallest): the buffer is reused chunk after chunk.
+        merge = MergeOnArrival.from_checkpoint(sync(trainer, "merge"), checkpoint, shapes, dtype, chunk_bytes=1)
+        assert len(merge.names) == 2
+        merged = merged_weights(merge, adapters)
         published = trainer.hf_state_dict(dtype)
         assert len(merged) == len(adapted)
         for name, tensor in merged.items():
@@ -90,7 +98,9 @@ def test_only_the_adapters_are_published_and_the_merge_is_the_trainers_bit_for_b
     # B = 0 (the first version) is the base checkpoint exactly.
     base = load_file(checkpoint / "model.safetensors")
     fresh = {name: torch.zeros_like(t) if ".lora_B." in name else t for name, t in adapters.items()}
-    merged = MergeOnArrival.from_checkpoint(sync(trainer, "merge"), checkpoint, shapes, torch.float32)(fresh)
+    merged = merged_weights(
+        MergeOnArrival.from_checkpoint(sync(trainer, "merge"), checkpoint, shapes, torch.float32), fresh
+    )
     assert all(torch.equal(tensor, base[name]) for name, tensor in merged.items())
 
 
@@ -98,12 +108,17 @@ def test_the_native_engine_merges_the_adapters_on_arrival(trainer, checkpoint):
     engine = HFGenerateEngine.from_pretrained(checkpoint)
     engine.eos_token_ids = [EOS]
     merge = MergeOnArrival.from_checkpoint(
-        sync(trainer, "merge"), checkpoint, engine.hf_weight_shapes(), torch.float32, engine.receive_device
+        sync(trainer, "merge"),
+        checkpoint,
+        engine.hf_weight_shapes(),
+        torch.float32,
+        engine.receive_device,
+        chunk_bytes=1,
     )
     before = engine.generate(PROMPTS, PARAMS)
     with pytest.raises(AssertionError):  # the adapters moved the policy: the check below can fail
         assert_trainers_logprobs(trainer, before)
-    engine.load_hf_weights(merge(trainer.hf_adapter_state_dict()))
+    engine.load_hf_weights(merge.chunks(trainer.hf_adapter_state_dict()))
     assert_trainers_logprobs(trainer, engine.generate(PROMPTS, PARAMS))
 
 
@@ -134,9 +149,14 @@ def vllm_engine():
 def test_vllm_merges_the_adapters_into_its_weights(trainer, checkpoint, vllm_engine):
     engine = vllm_engine(checkpoint)
     merge = MergeOnArrival.from_checkpoint(
-        sync(trainer, "merge"), checkpoint, engine.hf_weight_shapes(), torch.float32, engine.receive_device
+        sync(trainer, "merge"),
+        checkpoint,
+        engine.hf_weight_shapes(),
+        torch.float32,
+        engine.receive_device,
+        chunk_bytes=1,
     )
-    asyncio.run(engine.load_hf_weights_async(merge(trainer.hf_adapter_state_dict()), 1))
+    asyncio.run(engine.load_hf_weights_async(merge.chunks(trainer.hf_adapter_state_dict()), 1))
     version, samples = asyncio.run(engine.generate_async(PROMPTS, PARAMS))
     assert version == 1
     assert_trainers_logprobs(trainer, samples)

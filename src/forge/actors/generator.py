@@ -286,25 +286,25 @@ class Generator(ForgeActor):
     async def _load_received(self, version: int, started: float) -> None:
         """Loads the receive buffers into the engine as `version` (under `self._loading`)."""
         engine = self.engine
-        if self._merge is not None:
-            merge_started = time.perf_counter()
-            # In a thread: the merge of a large model takes a while, and requests keep coming.
-            merged = await asyncio.to_thread(self._merge, self._weights)
-            record_metric("generator/lora_merge_ms", (time.perf_counter() - merge_started) * 1e3, Reduce.MEAN)
+        # lora_sync merge: the merged weights are made chunk by chunk as the engine loads them
+        # (a buffer of one chunk, not of every adapted layer: forge.engines.lora_sync).
+        merged = self._merge.chunks(self._weights) if self._merge is not None else None
         if isinstance(engine, ConcurrentGenerationEngine):
             # Each returns once the requests running now have finished and the weights are in.
-            if self._merge is not None:
+            if merged is not None:
                 await engine.load_hf_weights_async(merged, version)
             elif self.lora is not None:  # vllm_lora
                 await engine.load_adapter_async(self._weights, version)
             else:
                 await engine.load_hf_state_dict_async(self._weights, version)
             record_metric("generator/weight_load_ms", engine.last_load_seconds * 1e3, Reduce.MEAN)
-        elif self._merge is not None:
+        elif merged is not None:
             engine.load_hf_weights(merged)
         else:
             engine.load_hf_state_dict(self._weights)
         self.version = version
+        if self._merge is not None:
+            record_metric("generator/lora_merge_ms", self._merge.merge_seconds * 1e3, Reduce.MEAN)
         record_metric("generator/version", version, Reduce.MAX)
         record_metric("generator/weight_sync_ms", (time.perf_counter() - started) * 1e3, Reduce.MEAN)
         if (published_at := self._puller.last_published_at) is not None:  # one host: one clock

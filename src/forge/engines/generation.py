@@ -35,7 +35,7 @@ text; forge runs vLLM without a tokenizer.)
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, NamedTuple
 
@@ -157,9 +157,10 @@ class GenerationEngine(ABC):
         naming missing/unexpected keys and shape mismatches, before copying anything."""
 
     @abstractmethod
-    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_hf_weights(self, chunks: Iterable[dict[str, torch.Tensor]]) -> None:
         """Like ``load_hf_state_dict`` for some of the weights only (LoRA's merged layers,
-        ``forge.engines.lora_sync``); the others keep their values."""
+        ``forge.engines.lora_sync``), given in chunks: each is loaded before the next is asked
+        for, so a chunk's tensors may be overwritten by the next. The others keep their values."""
 
     @abstractmethod
     def hf_weight_shapes(self) -> dict[str, torch.Size]:
@@ -212,8 +213,9 @@ class ConcurrentGenerationEngine(GenerationEngine):
         change until then."""
 
     @abstractmethod
-    async def load_hf_weights_async(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        """``load_hf_state_dict_async`` for some of the weights only (``load_hf_weights``)."""
+    async def load_hf_weights_async(self, chunks: Iterable[dict[str, torch.Tensor]], version: int) -> None:
+        """``load_hf_state_dict_async`` for some of the weights only, in chunks (``load_hf_weights``):
+        the chunks are made and loaded once the engine is ready to load."""
 
 
 def to_completions(

@@ -7,7 +7,7 @@ processing between logits and sampling.
 """
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from os import PathLike
 
 import torch
@@ -225,13 +225,15 @@ class HFGenerateEngine(GenerationEngine):
             param.copy_(state_dict[name])
 
     @torch.no_grad()
-    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copies ``weights`` (some of the parameters, by primary name) in place."""
-        if problems := HFLayout.of_model(self.model).problems(weights, partial=True):
-            raise mismatch_error(type(self.model).__name__, problems)
+    def load_hf_weights(self, chunks: Iterable[dict[str, torch.Tensor]]) -> None:
+        """Copies each chunk's weights (some of the parameters, by primary name) in place."""
+        layout = HFLayout.of_model(self.model)
         parameters = dict(self.model.named_parameters())
-        for name, tensor in weights.items():
-            parameters[name].copy_(tensor)
+        for weights in chunks:
+            if problems := layout.problems(weights, partial=True):
+                raise mismatch_error(type(self.model).__name__, problems)
+            for name, tensor in weights.items():
+                parameters[name].copy_(tensor)
 
 
 def _row_uniforms(params: SamplingParams, keys: Sequence[int]) -> torch.Tensor:

@@ -20,6 +20,8 @@ B starts at zero, so version 0 (and any version with B = 0) is the base model ex
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -110,14 +112,17 @@ class AdapterSync:
 
 class MergeOnArrival:
     """``generator.lora_sync=merge``: the base weights of the adapted layers, read once from the
-    generator's checkpoint, and the merged weights of each version made from them.
+    generator's checkpoint, and the merged weights of each version made from them, a chunk at a
+    time.
 
     The base copy lives in host memory, in the dtype the trainer keeps its frozen base in (the
     checkpoint's values as the trainer loads them; pinned where there is CUDA): the runs that need
     adapter sync are those whose GPU has no room for a second copy of the model's linear layers
-    beside the trainer (Qwen3-8B's are 14 GiB in bfloat16). Each weight is merged on the engine's
-    device, one at a time, into an output buffer there (allocated once, in the engine's dtype), so
-    on a GPU the merge costs one host-to-device copy of the base per version, not host compute."""
+    beside the trainer (Qwen3-8B's are 12.9 GiB in bfloat16). For the same reason the merged
+    weights are not all made at once: ``chunks`` merges about ``chunk_bytes`` of them on the
+    engine's device into one reused buffer, for the engine to load before the next chunk is
+    made (Qwen3-8B: 1 GiB on the GPU, not 12.9). Each chunk holds the same weights at every
+    version, in the engine's order (which a loader may depend on)."""
 
     def __init__(
         self,
@@ -125,10 +130,15 @@ class MergeOnArrival:
         base: dict[str, torch.Tensor],
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        chunk_bytes: int = 1 << 30,
     ) -> None:
         self.sync = sync
         self.base = base
-        self.merged = {name: torch.empty(w.shape, dtype=dtype, device=device) for name, w in base.items()}
+        self.dtype = dtype
+        self.names = _chunked(base, dtype.itemsize, chunk_bytes)
+        largest = max(sum(base[name].numel() for name in names) for names in self.names)
+        self._buffer = torch.empty(largest, dtype=dtype, device=device)
+        self.merge_seconds = 0.0  # the merges' share of the last version's load
 
     @classmethod
     def from_checkpoint(
@@ -138,27 +148,72 @@ class MergeOnArrival:
         weight_shapes: dict[str, torch.Size],
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        chunk_bytes: int = 1 << 30,
     ) -> MergeOnArrival:
-        """Reads the adapted weights of ``weight_shapes`` from the checkpoint at ``model_path``."""
-        names = list(sync.adapted_weights(weight_shapes))
-        read = _read_safetensors(model_path, set(names))
+        """Reads the adapted weights of ``weight_shapes`` (the engine's) from the checkpoint at
+        ``model_path``; a weight whose shape there is not the engine's is refused here, so that no
+        version can fail half loaded."""
+        adapted = sync.adapted_weights(weight_shapes)
+        read = _read_safetensors(model_path, set(adapted))
         base = {}
-        for name in names:  # the engine's order, which a loader may depend on
+        for name, shape in adapted.items():  # the engine's order
+            if tuple(read[name].shape) != tuple(shape):
+                raise ValueError(
+                    f"generator.model_path '{model_path}': {name} is {tuple(read[name].shape)} there and "
+                    f"{tuple(shape)} in the generator's model: they must be the same checkpoint"
+                )
             base[name] = read.pop(name).to(getattr(torch, sync.base_dtype))
             if torch.cuda.is_available():  # host-to-device copies at full speed
                 base[name] = base[name].pin_memory()
-        return cls(sync, base, dtype, device)
+        return cls(sync, base, dtype, device, chunk_bytes)
 
     @torch.no_grad()
-    def __call__(self, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The merged weights of ``adapters`` (one version's ``A`` and ``B``), by Hugging Face weight
-        name; the returned tensors are reused by the next call."""
-        for name, out in self.merged.items():
-            module = name.removesuffix(".weight")
-            lora_a, lora_b = adapters[f"{module}.lora_A.weight"], adapters[f"{module}.lora_B.weight"]
-            base = self.base[name].to(out.device, non_blocking=True)
-            out.copy_(merge(base, lora_a.to(out.device), lora_b.to(out.device), self.sync.scaling))
-        return self.merged
+    def chunks(self, adapters: dict[str, torch.Tensor]) -> Iterator[dict[str, torch.Tensor]]:
+        """The merged weights of ``adapters`` (one version's ``A`` and ``B``) by Hugging Face weight
+        name, chunk by chunk: each chunk's tensors live in the one buffer that the next chunk
+        overwrites, so load a chunk before asking for the next."""
+        self.merge_seconds = 0.0
+        for names in self.names:
+            started = time.perf_counter()
+            chunk, offset = {}, 0
+            for name in names:
+                base = self.base[name]
+                out = self._buffer[offset : offset + base.numel()].view(base.shape)
+                offset += base.numel()
+                module = name.removesuffix(".weight")
+                lora_a, lora_b = adapters[f"{module}.lora_A.weight"], adapters[f"{module}.lora_B.weight"]
+                device = out.device
+                out.copy_(
+                    merge(
+                        base.to(device, non_blocking=True),
+                        lora_a.to(device),
+                        lora_b.to(device),
+                        self.sync.scaling,
+                    )
+                )
+                chunk[name] = out
+            self.merge_seconds += time.perf_counter() - started
+            yield chunk
+
+
+def _chunked(weights: dict[str, torch.Tensor], element_bytes: int, chunk_bytes: int) -> list[list[str]]:
+    """The names of ``weights`` in order, in runs of whole decoder layers of at most
+    ``chunk_bytes`` (a larger layer alone). Never part of a layer: an engine may fuse its weights
+    (vLLM's ``qkv_proj``, ``gate_up_proj``), and vLLM's CPU reload rebuilds each layer it is
+    given from that call's weights alone."""
+    layers: dict[str, list[str]] = {}
+    for name in weights:
+        layers.setdefault(re.sub(r"(layers\.\d+)\..*", r"\1", name), []).append(name)
+    chunks: list[list[str]] = []
+    size = chunk_bytes
+    for names in layers.values():
+        nbytes = sum(weights[name].numel() for name in names) * element_bytes
+        if size + nbytes > chunk_bytes:
+            chunks.append([])
+            size = 0
+        chunks[-1] += names
+        size += nbytes
+    return chunks
 
 
 def _read_safetensors(model_path: str | Path, names: set[str]) -> dict[str, torch.Tensor]:

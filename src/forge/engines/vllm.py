@@ -48,7 +48,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -138,6 +138,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         # support on, and each adapter version is added from memory (`load_adapter_async`).
         self.lora = lora
         self._lora_request = None  # the current version's adapter, once one is loaded
+        self._chunk_loaders: dict[int, Callable] = {}  # lora_sync merge: a loader per chunk
         self.key = key
         self.tokenizer = tokenizer
         self.model_path = model_path
@@ -424,11 +425,26 @@ class VLLMEngine(ConcurrentGenerationEngine):
     async def load_hf_state_dict_async(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         await asyncio.wrap_future(self._update(self._loading(state_dict, partial=False), version))
 
-    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        self._update(self._loading(weights, partial=True), self.version).result()
+    def load_hf_weights(self, chunks: Iterable[dict[str, torch.Tensor]]) -> None:
+        self._update(functools.partial(self._load_chunks, chunks), self.version).result()
 
-    async def load_hf_weights_async(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        await asyncio.wrap_future(self._update(self._loading(weights, partial=True), version))
+    async def load_hf_weights_async(self, chunks: Iterable[dict[str, torch.Tensor]], version: int) -> None:
+        await asyncio.wrap_future(self._update(functools.partial(self._load_chunks, chunks), version))
+
+    def _load_chunks(self, chunks: Iterable[dict[str, torch.Tensor]]) -> None:
+        """On the engine thread: each chunk (the same weights at every version) by a loader of its
+        own, whose copies are recorded and replayed like the whole model's (``_load``)."""
+        for index, weights in enumerate(chunks):
+            if problems := self._layout.problems(weights, partial=True):
+                raise mismatch_error(f"vLLM's {self.hf_config.architectures}", problems)
+            if index not in self._chunk_loaders:
+                self._chunk_loaders[index] = weight_loader(
+                    self._llm,
+                    self.on_gpu,
+                    self.config.tensor_parallel_size,
+                    f"{self.key}: vLLM weight updates (chunk {index})",
+                )
+            self._chunk_loaders[index](list(weights.items()))
 
     async def load_adapter_async(self, adapters: dict[str, torch.Tensor], version: int) -> None:
         """Serves ``adapters`` (A and B of each adapted layer, ``forge.engines.lora_sync``) on the base

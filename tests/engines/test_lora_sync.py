@@ -88,7 +88,9 @@ def test_only_the_adapters_are_published_and_the_merge_is_the_trainers_bit_for_b
     # engine's dtype as the trainer would have published them.
     for dtype in (torch.float32, torch.bfloat16):
         # Chunks of one block each (the smallest): the buffer is reused chunk after chunk.
-        merge = MergeOnArrival.from_checkpoint(sync(trainer, "merge"), checkpoint, shapes, dtype, chunk_bytes=1)
+        merge = MergeOnArrival.from_checkpoint(
+            sync(trainer, "merge"), checkpoint, shapes, dtype, chunk_bytes=1
+        )
         assert len(merge.names) == 2
         merged = merged_weights(merge, adapters)
         published = trainer.hf_state_dict(dtype)

@@ -54,6 +54,19 @@ def sync(trainer: TitanEngine, mode: str) -> AdapterSync:
     return AdapterSync.of(trainer.config, mode)
 
 
+def merge_for(trainer: TitanEngine, checkpoint, engine) -> MergeOnArrival:
+    """`engine`'s merge on arrival, in chunks of one block (the smallest): the buffer is reused
+    chunk after chunk, as it is at Qwen3-8B's size."""
+    return MergeOnArrival.from_checkpoint(
+        sync(trainer, "merge"),
+        checkpoint,
+        engine.hf_weight_shapes(),
+        torch.float32,
+        engine.receive_device,
+        chunk_bytes=1,
+    )
+
+
 def merged_weights(merge: MergeOnArrival, adapters: dict) -> dict:
     """Every merged weight of a version, copied out of the chunk buffer the next chunk reuses."""
     return {name: t.clone() for chunk in merge.chunks(adapters) for name, t in chunk.items()}
@@ -109,14 +122,7 @@ def test_only_the_adapters_are_published_and_the_merge_is_the_trainers_bit_for_b
 def test_the_native_engine_merges_the_adapters_on_arrival(trainer, checkpoint):
     engine = HFGenerateEngine.from_pretrained(checkpoint)
     engine.eos_token_ids = [EOS]
-    merge = MergeOnArrival.from_checkpoint(
-        sync(trainer, "merge"),
-        checkpoint,
-        engine.hf_weight_shapes(),
-        torch.float32,
-        engine.receive_device,
-        chunk_bytes=1,
-    )
+    merge = merge_for(trainer, checkpoint, engine)
     before = engine.generate(PROMPTS, PARAMS)
     with pytest.raises(AssertionError):  # the adapters moved the policy: the check below can fail
         assert_trainers_logprobs(trainer, before)
@@ -150,14 +156,7 @@ def vllm_engine():
 
 def test_vllm_merges_the_adapters_into_its_weights(trainer, checkpoint, vllm_engine):
     engine = vllm_engine(checkpoint)
-    merge = MergeOnArrival.from_checkpoint(
-        sync(trainer, "merge"),
-        checkpoint,
-        engine.hf_weight_shapes(),
-        torch.float32,
-        engine.receive_device,
-        chunk_bytes=1,
-    )
+    merge = merge_for(trainer, checkpoint, engine)
     asyncio.run(engine.load_hf_weights_async(merge.chunks(trainer.hf_adapter_state_dict()), 1))
     version, samples = asyncio.run(engine.generate_async(PROMPTS, PARAMS))
     assert version == 1

@@ -43,6 +43,9 @@ def expected(values: list[float]) -> dict[str, float]:
 def test_two_processes_and_the_caller_reduce_exactly(tmp_path):
     async def main():
         jsonl = tmp_path / "metrics.jsonl"
+        # Recorded before the run configures its logger (e.g. by another use of the weight store):
+        # not the run's, so not in its first row.
+        record_metric("test/before_the_run", 1.0, Reduce.SUM)
         metric_logger = await get_metric_logger(MetricsConfig(console=False, jsonl_path=str(jsonl)))
         recorder = await Recorder.as_actor()
         rows = []
@@ -56,6 +59,7 @@ def test_two_processes_and_the_caller_reduce_exactly(tmp_path):
             all_values = values_for(0, step) + values_for(1, step) + caller_values
             for key, value in expected(all_values).items():
                 assert rows[-1][key] == pytest.approx(value, rel=1e-12), key
+        assert "test/before_the_run" not in rows[0]
         await metric_logger.close()
         written = [json.loads(line) for line in jsonl.read_text().splitlines()]
         assert [w["step"] for w in written] == [1, 2]

@@ -138,6 +138,9 @@ async def get_metric_logger(cfg: MetricsConfig | None = None, run_config: dict |
     actor = await _logger_actor()
     if cfg is not None:
         await actor.configure.call_one(cfg, run_config)
+        # A run's rows hold what the run records: what this process recorded before (another use
+        # of the weight store, an earlier run in the same process) is dropped, not put in step 1.
+        pop_state()
     return MetricLogger(actor)
 
 

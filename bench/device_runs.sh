@@ -12,6 +12,10 @@
 #               `app` with full fine-tuning (age1-drain) and LoRA (rank 32, all linear layers) whose
 #               adapters the generator merges (age1-drain-lora-merge) or vLLM serves as a LoRA
 #               (age1-drain-lora-vllm_lora): the comparison of issue 30's sync modes
+#   lora8b [override ...]
+#               issue 30's 8B run: `app` at 8B with LoRA merged on arrival, 10 steps, with
+#               configs/grpo/qwen3_8b_lora.yaml's micro-batches (4k tokens) and KL term (beta 0.01,
+#               the reference from the trainer's adapters off) and an 8 GiB KV cache
 #   scaling SIZE PRESET PLACEMENTS  bench/gpu_throughput.py on the placements (comma-separated,
 #               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, VARIANT (age1-drain), STEPS steps (6)
 #               timed from step TIMED_FROM (3); results.json and each run's metrics to OUT_DIR
@@ -21,7 +25,7 @@
 #   demo        configs/grpo/gpu_demo.yaml, trainer on GPU 0 and generator on GPU 1
 #   qwen17 [override ...]  configs/grpo/qwen3_1_7b.yaml as shipped (trainer and generator on a GPU each), a random 1.7B policy, 10 steps
 set -uo pipefail
-run=${1:?usage: bench/device_runs.sh app|lora|scaling|vllm_tp|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
+run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|vllm_tp|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
 out=${2:?usage: bench/device_runs.sh RUN OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -56,6 +60,9 @@ case $run in
         size=${1:?lora SIZE STEPS} steps=${2:?lora SIZE STEPS}
         shift 2
         exec bash "$0" app "$out" "$size" age1-drain,age1-drain-lora-merge,age1-drain-lora-vllm_lora "$steps" "$@" ;;
+    lora8b)
+        exec bash "$0" app "$out" 8B age1-drain-lora-merge 10 trainer.engine.training.microbatch_tokens=4096 \
+            generator.vllm.kv_cache_memory_gib=8 trainer.loss.beta=0.01 "$@" ;;
     scaling)
         size=${1:?scaling SIZE PRESET PLACEMENTS} preset=${2:?} placements=${3:?}
         shift 3

@@ -134,7 +134,6 @@ class MergeOnArrival:
     ) -> None:
         self.sync = sync
         self.base = base
-        self.dtype = dtype
         self.names = _chunked(base, dtype.itemsize, chunk_bytes)
         largest = max(sum(base[name].numel() for name in names) for names in self.names)
         self._buffer = torch.empty(largest, dtype=dtype, device=device)

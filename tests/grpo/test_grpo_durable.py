@@ -317,7 +317,10 @@ def test_a_killed_trainer_names_itself_and_the_restarted_run_equals_the_serial_r
     assert len(recorded) == len(set(recorded))
     assert all(i in set(recorded) for b in batches for rank in b["episode_ids"] for i in rank)
     steps = [r["step"] for r in records]
-    assert steps == sorted(steps) and set(steps) <= {0, 1, 2, 3, 4}
+    # Step 5: rollouts that finished after the final checkpoint, while the run ended (recorded
+    # as any rollout after a checkpoint is, under the next step); never an eval.
+    assert steps == sorted(steps) and set(steps) <= {0, 1, 2, 3, 4, 5}
+    assert not [r for r in records if r["step"] == 5 and r["eval"]]
     eval_steps = [r["step"] for r in records if r["eval"]]
     assert [eval_steps.count(step) for step in range(5)] == [8] * 5  # eval.num_prompts answers a step
     assert len({r["train/loss"] for r in expected[1:]}) == 4  # the comparison below is not of constants

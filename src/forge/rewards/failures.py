@@ -42,14 +42,11 @@ class RewardFailures:
         with self._lock:
             return dict(self._counts)
 
-    def count(self, source: str, kind: FailureKind) -> None:
-        record_metric(f"{self.metric_prefix}/{source}/{kind}", 1, Reduce.SUM)
-        with self._lock:
-            self._counts[kind] += 1
-
     def failed(self, source: str, kind: FailureKind, what: str, size: int) -> list[float]:
         """The values of a call of `source` that failed (`what`: the source and what went wrong,
         for the log) for the `size` responses it scored, counted once."""
         logger.warning("%s: scored %s", what, self.error_reward)
-        self.count(source, kind)
+        record_metric(f"{self.metric_prefix}/{source}/{kind}", 1, Reduce.SUM)
+        with self._lock:
+            self._counts[kind] += 1
         return [self.error_reward] * size

@@ -8,14 +8,15 @@ A rollout's batches are sent ``max_concurrent`` at a time, in threads, while the
 functions run, so a rollout waits for its slowest round of batches, not for their sum.
 
 A request fails when it gets no answer within ``timeout_s`` (to connect, and between bytes of
-the answer; counted in ``reward/remote/timeouts``), cannot reach the server, or is answered
-with status 5xx, 408 or 429 (``reward/remote/errors``): these are sent again, up to ``retries``
-times, after a backoff of ``retry_backoff_s`` that doubles each time (each counted in
-``reward/remote/retries``). An answer that breaks the protocol (another status, not JSON, a
-wrong number of scores, a score that is not a finite number) is counted in
-``reward/remote/errors`` and not sent again: the server would answer the same. The items of a
-batch whose last request failed score ``reward.error_reward``; the run goes on. So one batch
-takes at most about ``(retries + 1) * timeout_s`` plus the backoffs.
+the answer), cannot reach the server, or is answered with status 5xx, 408 or 429: these are
+sent again, up to ``retries`` times, after a backoff of ``retry_backoff_s`` that doubles each
+time (each counted in ``reward/remote/retries``). An answer that breaks the protocol (another
+status, not JSON, a wrong number of scores, a score that is not a finite number) is not sent
+again: the server would answer the same. The items of a batch whose last request failed score
+``reward.error_reward``, and the batch counts once, as every failed scoring call does
+(`forge.rewards.failures`): in ``reward/remote/timeouts`` when that request timed out, else in
+``reward/remote/errors``. A batch that a retry scored is no failure. The run goes on. So one
+batch takes at most about ``(retries + 1) * timeout_s`` plus the backoffs.
 
 Only the standard library: urllib in a thread pool is all a few requests per rollout need.
 """
@@ -102,7 +103,7 @@ class RemoteScorer:
 
     def __init__(self, cfg: RemoteRewardConfig, failures: RewardFailures):
         self.cfg = cfg
-        # Each failed request counts (also one sent again), under the name `remote`.
+        # A batch that fails for good counts once, under the name `remote`.
         self.failures = failures
         self._pool = ThreadPoolExecutor(cfg.max_concurrent, thread_name_prefix="remote-reward")
 
@@ -137,19 +138,13 @@ class RemoteScorer:
             try:
                 return self._post(body, len(items))
             except RequestFailed as failure:
-                self.failures.count(REMOTE, failure.counter)
-                retry = failure.retryable and attempt <= self.cfg.retries
-                logger.warning(
-                    "reward server %s: a batch of %d responses %s (attempt %d of %d); %s",
-                    self.cfg.url,
-                    len(items),
-                    failure.why,
-                    attempt,
-                    self.cfg.retries + 1,
-                    "sending it again" if retry else f"its responses score {self.failures.error_reward}",
+                what = (
+                    f"reward server {self.cfg.url}: a batch of {len(items)} responses {failure.why} "
+                    f"(attempt {attempt} of {self.cfg.retries + 1})"
                 )
-                if not retry:
-                    return [self.failures.error_reward] * len(items)
+                if not (failure.retryable and attempt <= self.cfg.retries):
+                    return self.failures.failed(REMOTE, failure.counter, what, len(items))
+                logger.warning("%s; sending it again", what)
             record_metric(f"{self.failures.metric_prefix}/{REMOTE}/retries", 1, Reduce.SUM)
             time.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
 

@@ -1,6 +1,7 @@
 """ForgeActor as an actor and as a 2-replica service, with a replica killed mid-request."""
 
 import asyncio
+import gc
 import os
 import signal
 
@@ -44,6 +45,10 @@ class Counter(ForgeActor):
         return os.environ.get(name)
 
     @endpoint
+    async def gc_enabled(self) -> bool:
+        return gc.isenabled()
+
+    @endpoint
     async def slow_pid(self, seconds: float) -> int:
         await asyncio.sleep(seconds)
         return os.getpid()
@@ -66,6 +71,8 @@ async def _wait_until(predicate, timeout: float, what: str):
 
 
 def test_actor_options_setup_env_and_shutdown():
+    frozen = gc.get_freeze_count()
+
     async def main():
         configured = Counter.options(procs=1, mesh_name="counter")
         assert issubclass(configured, Counter) and configured.procs == 1
@@ -77,6 +84,9 @@ def test_actor_options_setup_env_and_shutdown():
         assert await actor.env.route("RANK") == "0"
         assert await actor.env.route("MASTER_PORT") is not None
         pid = await actor.pid.route()
+        # Its process started with garbage collection off (its imports run faster) and has it on
+        # again since the actor was made (forge.mesh_process).
+        assert await actor.gc_enabled.route()
         # A lone actor is a service of one replica that nothing replaces: the same calls work.
         assert isinstance(actor, Service) and not actor.replaces_failed_replicas
         assert await actor.add.fanout(1) == [17]
@@ -89,6 +99,9 @@ def test_actor_options_setup_env_and_shutdown():
         await shutdown()
 
     run(main())
+    # Stopping an actor froze its own process's objects for the exit, not this program's (whose
+    # frozen objects, if an import froze some, only die off).
+    assert gc.isenabled() and gc.get_freeze_count() <= frozen
 
 
 def test_an_actor_on_several_processes_answers_from_rank_0_or_from_every_rank():

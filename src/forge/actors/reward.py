@@ -164,3 +164,4 @@ class RewardActor(ForgeActor):
     async def __cleanup__(self, exc: Exception | None) -> None:
         """When the actor stops: the reward worker stops now, not when its pipe closes."""
         self.scorer.close()
+        await super().__cleanup__(exc)

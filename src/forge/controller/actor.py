@@ -19,6 +19,7 @@ from typing import Any
 
 from monarch.actor import Actor, endpoint
 
+from forge import mesh_process
 from forge.controller.liveness import Probe
 from forge.controller.service import Service
 
@@ -40,6 +41,15 @@ class ForgeActor(Actor):
     @endpoint
     async def setup(self) -> None:
         """Runs once after construction on every rank (load a model, connect to the store...)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ForgeActor:
+        mesh_process.actor_made()
+        return super().__new__(cls)
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        """When the actor stops (its process exits next): a subclass that overrides this calls
+        it last."""
+        mesh_process.prepare_exit()
 
     @endpoint
     async def process(self) -> tuple[str, int]:

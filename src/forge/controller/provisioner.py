@@ -6,7 +6,8 @@ its processes, MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK (so an engine 
 CUDA_VISIBLE_DEVICES listing the mesh's own GPUs first (so `cuda:LOCAL_RANK` is its own) and then
 the program's other GPUs: a generator can then map the trainer's GPU memory by CUDA IPC
 (`forge.store.cuda_ipc`), which fails when that GPU is hidden from it. With a `seed`, each
-process also seeds its global RNGs first (`forge.controller.seeding`).
+process also seeds its global RNGs first (`forge.controller.seeding`); what runs in those
+processes themselves is `forge.mesh_process`.
 
 GPUs are handed out by one allocator per host (`forge.controller.gpu_pool`), with the same
 rules on this host and on workers: the run's placement plan's slots (`forge.controller.gpu_plan`,
@@ -30,18 +31,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from monarch.actor import ProcMesh, current_rank, enable_transport, this_host
+from monarch.actor import ProcMesh, enable_transport, this_host
 from monarch.config import configure
 from pydantic import Field, model_validator
 
 import forge.controller.supervision as supervision
-from forge import monarch_env
+from forge import mesh_process, monarch_env
 from forge.config import ForgeConfigModel
 from forge.controller.gpu_plan import GpuPlan
 from forge.controller.gpu_pool import GpuPool
 from forge.controller.hosts import HOST_AGENT_NAME, STORE_MESH_NAME, AttachedHosts, parse_worker_address
 from forge.controller.liveness import kill_processes
-from forge.controller.seeding import mesh_seed, seed_global_rngs
+from forge.controller.seeding import mesh_seed
 from forge.observability.logger import FETCHER_MESH_NAME, register_mesh, unregister_mesh
 
 logger = logging.getLogger(__name__)
@@ -141,22 +142,6 @@ def visible_gpus() -> list[str]:
         return []
 
 
-def _set_process_env(world_size: int, master_port: int, gpus: list[str], seed: int | None) -> None:
-    """Runs first in every process of a new mesh (Monarch's bootstrap hook)."""
-    rank = current_rank().rank
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(master_port),
-        WORLD_SIZE=str(world_size),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
-    )
-    # Set before anything touches CUDA: the mesh's own GPUs first, then the others.
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    seed_global_rngs(seed, rank)
-
-
 class Provisioner:
     def __init__(
         self, cfg: ProvisionerConfig | None = None, seed: int | None = None, plan: GpuPlan | None = None
@@ -213,10 +198,12 @@ class Provisioner:
         name: str = "mesh",
         gpu_group: str | None = None,
         collect_metrics: bool = True,
+        for_forge_actor: bool = False,
     ) -> ProcMesh:
         """A new mesh of `procs` processes on each of `hosts` hosts (default 1); with `with_gpus`,
         one GPU each, its own or its group's. On this host, or, with workers attached, on the
-        hosts `provisioner.placement` gives the mesh's name."""
+        hosts `provisioner.placement` gives the mesh's name. `for_forge_actor`: a ForgeActor is
+        made there next, and its processes collect no garbage until then (`forge.mesh_process`)."""
         if self._hosts is None and hosts not in (None, 1):
             raise ValueError(
                 f"mesh '{name}' asks for hosts={hosts}, but no provisioner.hosts are configured: "
@@ -231,7 +218,7 @@ class Provisioner:
                 gpus = self._gpus_for(procs, name, gpu_group) if with_gpus else []
                 visible = gpus + [g for g in self._all_gpus if g not in gpus] if gpus else []
                 bootstrap = functools.partial(
-                    _set_process_env, procs, _free_port(), visible, self._seed_of(name)
+                    mesh_process.start, procs, _free_port(), visible, self._seed_of(name), for_forge_actor
                 )
                 mesh = this_host().spawn_procs(per_host={"procs": procs}, bootstrap=bootstrap, name=name)
                 record = _MeshRecord(mesh, name, gpus, gpu_group)

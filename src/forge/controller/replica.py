@@ -55,7 +55,7 @@ async def launch(actor_cls, index: int, name: str, args: tuple, kwargs: dict) ->
     runs its `setup` on every rank; stops the mesh again if that fails."""
     supervision.remember_name(name)
     provisioner = await get_provisioner()
-    mesh = await provisioner.get_proc_mesh(name=name, **actor_cls._placement())
+    mesh = await provisioner.get_proc_mesh(name=name, for_forge_actor=True, **actor_cls._placement())
     try:
         actor = mesh.spawn(name, actor_cls._actor_class(), *args, **kwargs)
         await actor.setup.call()

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from scoring import Scored
 
 from forge.observability.collector import pop_state
 from forge.rewards.group_functions import distinct_in_group, group_reward, is_group_reward
@@ -44,7 +45,7 @@ def test_a_group_function_is_called_once_per_group_and_weighed_with_the_others(
     monkeypatch.setenv(CALLS_FILE, str(calls))  # before the worker starts: it inherits it
     pop_state()
     rank = f"{__name__}:_rank_by_length"
-    scorer = RewardScorer([("toy_task", 1.0), (rank, 0.5)], error_reward=-1.0, timeout_s=timeout_s)
+    scorer = Scored(RewardScorer([("toy_task", 1.0), (rank, 0.5)], timeout_s=timeout_s), -1.0)
     try:
         scores = scorer.score_groups(
             [["1+1="] * 3, ["3+4=", "3+4= then", "3+4=", "3+4="]],
@@ -122,7 +123,7 @@ def test_a_failed_group_call_scores_error_reward_for_its_group_is_counted_once_a
     if timeout_s:  # in process, these would end or hang pytest itself
         hostile += [_exits_its_process, _hangs]
     names = [f"{__name__}:{fn.__name__}" for fn in hostile]
-    scorer = RewardScorer([(name, 1.0) for name in names], error_reward=-1.0, timeout_s=timeout_s)
+    scorer = Scored(RewardScorer([(name, 1.0) for name in names], timeout_s=timeout_s), -1.0)
     try:
         scores = scorer.score_groups(
             [["p"] * 2, ["p"] * 3, ["p"] * 2],
@@ -148,7 +149,7 @@ def test_a_failed_group_call_scores_error_reward_for_its_group_is_counted_once_a
 
 def test_a_group_function_beside_the_reward_functions_of_score_many_sees_groups_of_one():
     # score and score_many take independent responses: each is a group of its own.
-    scorer = RewardScorer([("forge.rewards.group_functions:distinct_in_group", 1.0)])
+    scorer = Scored(RewardScorer([("forge.rewards.group_functions:distinct_in_group", 1.0)]))
     assert (
         scorer.score_many([("p", "a", "t"), ("p", "a", "t")])
         == [(1.0, {"forge.rewards.group_functions:distinct_in_group": 1.0})] * 2

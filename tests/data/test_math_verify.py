@@ -7,6 +7,7 @@ import sys
 import threading
 
 import pytest
+from scoring import Scored
 
 from forge.rewards.functions import get_reward_fn, math_answer
 from forge.rewards.math_verify_reward import math_verify_reward
@@ -118,7 +119,7 @@ def test_worker_times_out_what_math_verify_cannot_finish():
 
     # 10^{10^{10}} hangs inside one big-integer power, where no signal reaches Python: only the
     # reward worker's kill ends it, and the calls around it are scored as usual.
-    scorer = RewardScorer([("math_verify", 1.0)], error_reward=-1.0, timeout_s=3.0)
+    scorer = Scored(RewardScorer([("math_verify", 1.0)], timeout_s=3.0), -1.0)
     try:
         items = [
             ("p", r"\boxed{2\sqrt{2}}", r"\sqrt{8}"),

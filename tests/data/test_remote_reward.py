@@ -12,12 +12,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from pydantic import ValidationError
+from scoring import Scored, one_turn
 
 from forge.actors.reward import RewardActor, RewardConfig
 from forge.controller import shutdown
 from forge.observability.collector import pop_state
 from forge.rewards.remote import RemoteRewardConfig
 from forge.rewards.scorer import RewardScorer
+from forge.rewards.sources import RewardFunctions, RolloutScorer
 from forge.runs.checks import check_reward_server
 
 # A request of the server's rendezvous waits at most this long for the others.
@@ -95,12 +97,12 @@ def server():
     server.close()
 
 
-def remote_scorer(server: RewardServer, error_reward: float = -1.0, **remote) -> RewardScorer:
+def remote_scorer(server: RewardServer, error_reward: float = -1.0, **remote) -> Scored:
     config = RemoteRewardConfig(url=server.url, **{"retry_backoff_s": 0.01, **remote})
-    return RewardScorer([], error_reward=error_reward, remote=config)
+    return Scored(RewardScorer([], remote=config), error_reward)
 
 
-def remote_scores(scorer: RewardScorer, responses: list[str]) -> list[float]:
+def remote_scores(scorer: Scored, responses: list[str]) -> list[float]:
     [group] = scorer.score_groups([["p"] * len(responses)], [responses], ["t"])
     return [breakdown["remote"] for _, breakdown in group]
 
@@ -127,7 +129,7 @@ def test_the_config_refuses_bad_values_naming_the_key(remote, message):
 def test_responses_go_in_batches_of_batch_size_and_are_weighed_with_the_functions(server):
     pop_state()
     remote = RemoteRewardConfig(url=server.url, batch_size=4, weight=2.0)
-    scorer = RewardScorer([("toy_task", 1.0)], remote=remote)
+    scorer = Scored(RewardScorer([("toy_task", 1.0)], remote=remote))
     try:
         responses = [["2", "22", "x", "2", "222"], ["7", "77", "777", "7", "<answer>7</answer>"]]
         scores = scorer.score_groups([["1+1="] * 5, ["3+4="] * 5], responses, ["2", "7"])
@@ -208,7 +210,7 @@ def test_an_unreachable_server_scores_error_reward_after_the_retries():
         port = free.getsockname()[1]
     pop_state()
     remote = RemoteRewardConfig(url=f"http://127.0.0.1:{port}/score", retries=2, retry_backoff_s=0.01)
-    scorer = RewardScorer([], error_reward=-1.0, remote=remote)
+    scorer = Scored(RewardScorer([], remote=remote), -1.0)
     try:
         assert remote_scores(scorer, ["a", "bb"]) == [-1.0, -1.0]
         state = pop_state()
@@ -227,16 +229,24 @@ def test_the_reward_actor_scores_with_functions_a_group_function_and_the_server_
 
     async def run():
         reward = await RewardActor.as_actor(config)
+        # As a run scores: the reward actor's values, weighed and their failures applied here.
+        scorer = RolloutScorer(
+            [RewardFunctions.of(config, reward.evaluate_groups.route)], config.error_reward
+        )
         try:
-            scores = await reward.evaluate_groups.route([["1+1="] * 3, ["3+4="] * 4], responses, ["2", "7"])
+            groups = [
+                [one_turn(prompt, r) for r in group]
+                for prompt, group in zip(["1+1=", "3+4="], responses, strict=True)
+            ]
+            scores = await scorer.score(groups, ["2", "7"])
             server.plan.append("hang")
-            failed = await reward.evaluate_groups.route([["1+1="]], [["2"]], ["2"])
-            return scores, failed, await reward.counts.route()
+            failed = await scorer.score([[one_turn("1+1=", "2")]], ["2"])
+            return scores, failed, scorer.counts
         finally:
             await shutdown()
 
     scores, failed, counts = asyncio.run(run())
-    assert [[breakdown for _, breakdown in group] for group in scores] == [
+    assert [[breakdown for _, breakdown, _ in group] for group in scores] == [
         [
             {"toy_task": 1.0, distinct: 0.5, "remote": 1},
             {"toy_task": 1.0, distinct: 0.5, "remote": 1},
@@ -249,9 +259,9 @@ def test_the_reward_actor_scores_with_functions_a_group_function_and_the_server_
             {"toy_task": 0.0, distinct: 1.0, "remote": 1},
         ],
     ]
-    assert [total for total, _ in scores[0]] == [1.0 + 0.25 + 1, 1.0 + 0.25 + 1, 0.1 + 0.5 + 2]
+    assert [total for total, _, _ in scores[0]] == [1.0 + 0.25 + 1, 1.0 + 0.25 + 1, 0.1 + 0.5 + 2]
     assert sorted(server.batches[:3]) == [1, 3, 3]  # 7 responses of one rollout, in 3 requests
-    assert failed == [[(1.0 + 0.5 + 0.0, {"toy_task": 1.0, distinct: 1.0, "remote": 0.0})]]
+    assert failed == [[(1.0 + 0.5 + 0.0, {"toy_task": 1.0, distinct: 1.0, "remote": 0.0}, {})]]
     assert counts == {"errors": 0, "timeouts": 1}
 
 

@@ -8,6 +8,7 @@ import time
 
 import psutil
 import pytest
+from scoring import Scored
 
 from forge.rewards.functions import (
     REWARD_FUNCTIONS,
@@ -132,7 +133,7 @@ def test_scorer_gives_error_reward_counts_and_goes_on():
     from forge.rewards.scorer import RewardScorer
 
     pop_state()
-    scorer = RewardScorer([("toy_task", 1.0), (f"{__name__}:_raises_on_odd", 0.5)], error_reward=-1.0)
+    scorer = Scored(RewardScorer([("toy_task", 1.0), (f"{__name__}:_raises_on_odd", 0.5)]), -1.0)
     assert scorer.score_many([("1+2=", "3", "3")])[0] == (
         1.0 - 0.5,
         {"toy_task": 1.0, f"{__name__}:_raises_on_odd": -1.0},
@@ -170,16 +171,18 @@ def test_scorer_times_out_hung_calls_and_goes_on():
 
     pop_state()
     name = f"{__name__}:_sleeps_on_target_7"
-    scorer = RewardScorer([(name, 1.0), ("toy_task", 1.0)], error_reward=-1.0, timeout_s=0.5)
+    scorer = Scored(RewardScorer([(name, 1.0), ("toy_task", 1.0)], timeout_s=0.5), -1.0)
     try:
         scores = scorer.score_many([("3+4=", "7", "7"), ("1+1=", "2", "2"), ("3+4=", "7", "7")])
         assert [total for total, _ in scores] == [-1.0 + 1.0, 1.0 + 1.0, -1.0 + 1.0]
         assert scores[1][1] == {name: 1.0, "toy_task": 1.0}
         assert scorer.counts == {"errors": 0, "timeouts": 2}
         assert pop_state()[f"reward/{name}/timeouts"].value() == 2
-        worker = scorer._worker._process.pid
+        worker = scorer.functions._worker._process.pid
         assert scorer.score_many([("1+1=", "2", "2")])[0] == (2.0, {name: 1.0, "toy_task": 1.0})
-        assert scorer._worker._process.pid == worker  # hung calls cost their runners, not the worker
+        assert (
+            scorer.functions._worker._process.pid == worker
+        )  # hung calls cost their runners, not the worker
     finally:
         scorer.close()
 
@@ -190,7 +193,7 @@ def test_scorer_treats_non_finite_rewards_as_errors():
 
     pop_state()
     name = f"{__name__}:_non_finite"
-    scorer = RewardScorer([(name, 1.0)], error_reward=0.0)
+    scorer = Scored(RewardScorer([(name, 1.0)]), 0.0)
     assert [s for s, _ in scorer.score_many([("p", "inf", "t"), ("p", "nan", "t"), ("p", "x", "t")])] == [
         0.0,
         0.0,
@@ -249,8 +252,8 @@ def test_a_call_past_the_memory_limit_scores_error_reward_is_counted_and_the_nex
 
     pop_state()
     name = f"{__name__}:_maps_2_gib_on_big"
-    scorer = RewardScorer(
-        [(name, 1.0), ("toy_task", 1.0)], error_reward=-1.0, timeout_s=30.0, memory_limit_gib=1.0
+    scorer = Scored(
+        RewardScorer([(name, 1.0), ("toy_task", 1.0)], timeout_s=30.0, memory_limit_gib=1.0), -1.0
     )
     try:
         scores = scorer.score_many([("1+1=", "big", "2"), ("1+1=", "2", "2")])
@@ -275,7 +278,7 @@ def test_anything_but_a_number_scores_error_reward_is_counted_and_the_calls_go_o
     if timeout_s:  # in process, os._exit would end pytest itself
         hostile.append(_exits_its_process)
     names = [f"{__name__}:{fn.__name__}" for fn in hostile]
-    scorer = RewardScorer([(name, 1.0) for name in names], error_reward=-1.0, timeout_s=timeout_s)
+    scorer = Scored(RewardScorer([(name, 1.0) for name in names], timeout_s=timeout_s), -1.0)
     try:
         scores = scorer.score_many([("p", "good", "t"), ("p", "bad", "t"), ("p", "good", "t")])
         assert [breakdown for _, breakdown in scores] == [
@@ -294,7 +297,7 @@ def test_hung_calls_of_a_batch_time_out_together_not_one_after_another():
     from forge.rewards.scorer import RewardScorer
 
     hangs, by_length = f"{__name__}:_hangs", "toy_task"
-    scorer = RewardScorer([(hangs, 1.0), (by_length, 1.0)], error_reward=-1.0, timeout_s=1.0)
+    scorer = Scored(RewardScorer([(hangs, 1.0), (by_length, 1.0)], timeout_s=1.0), -1.0)
     try:
         scorer.score_many([("1+1=", "2", "2")])[
             0
@@ -316,7 +319,7 @@ def test_hung_calls_of_a_batch_time_out_together_not_one_after_another():
 def test_megabytes_of_output_from_a_reward_function_break_nothing(capfd):
     from forge.rewards.scorer import RewardScorer
 
-    scorer = RewardScorer([(f"{__name__}:_prints_megabytes", 1.0)], timeout_s=5.0)
+    scorer = Scored(RewardScorer([(f"{__name__}:_prints_megabytes", 1.0)], timeout_s=5.0))
     try:
         assert [total for total, _ in scorer.score_many([("p", "r", "t")] * 3)] == [0.5] * 3
         assert scorer.counts == {"errors": 0, "timeouts": 0}

@@ -28,14 +28,14 @@ def completion(
     )
 
 
-def functions(*weighed: tuple[str, float], error_reward: float = 0.0) -> RewardFunctions:
-    return RewardFunctions.in_process(RewardScorer(list(weighed), error_reward=error_reward))
+def functions(*weighed: tuple[str, float]) -> RewardFunctions:
+    return RewardFunctions.in_process(RewardScorer(list(weighed)))
 
 
 def test_the_total_covers_the_functions_and_the_environment():
     scorer = RolloutScorer(
         [
-            functions(("toy_task", 1.0), (f"{__name__}:_raises_on_odd", 0.5), error_reward=-1.0),
+            functions(("toy_task", 1.0), (f"{__name__}:_raises_on_odd", 0.5)),
             EnvironmentReward(),
         ],
         error_reward=-1.0,
@@ -52,7 +52,7 @@ def test_the_total_covers_the_functions_and_the_environment():
         {},
     )
     assert state["reward/total"].value() == (odd[0] + even[0]) / 2
-    assert asyncio.run(scorer.counts()) == {"errors": 1, "timeouts": 0}
+    assert scorer.counts == {"errors": 1, "timeouts": 0}
 
 
 def test_single_turn_rollouts_have_no_environment_source():
@@ -107,5 +107,5 @@ def test_a_judge_is_weighed_in_its_answers_kept_and_its_failures_score_error_rew
     [group] = asyncio.run(scorer.score([[completion("2"), completion("2")]], ["2"]))
     assert [breakdown["judge"] for _, breakdown, _ in group] == [-1.0, -1.0]
     assert [notes for _, _, notes in group] == [{"judge": "(no answer: TimeoutError)"}] * 2
-    assert asyncio.run(scorer.counts()) == {"errors": 0, "timeouts": 1}
+    assert scorer.counts == {"errors": 0, "timeouts": 1}
     assert isinstance(scorer.sources[1], RewardModel)

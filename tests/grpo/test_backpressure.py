@@ -42,9 +42,7 @@ def test_a_full_buffer_makes_rollouts_wait_and_a_starving_trainer_stops_with_the
         config = ReplayBufferConfig(batch_size=2, max_size=2, max_policy_age=0)
         buffer = await ReplayBuffer.as_actor(config, 0)
         reward = await RewardActor.as_actor(RewardConfig(timeout_s=None))
-        scorer = RolloutScorer(
-            [RewardFunctions.of(RewardConfig(), reward.evaluate_groups.route, reward.counts.route)]
-        )
+        scorer = RolloutScorer([RewardFunctions.of(RewardConfig(), reward.evaluate_groups.route)])
         try:
             pop_state()
             await buffer.add_many.route([episode(), episode()])

@@ -45,14 +45,9 @@ def test_completions_carry_the_chat_templated_prompt_ids(chat_policy):
 
     async def recording_functions(prompts, responses, targets):  # what the eval's functions see
         eval_prompts.extend(prompt for group in prompts for prompt in group)
-        return [[(0.0, {}) for _ in group] for group in responses]
+        return [[{} for _ in group] for group in responses]
 
-    async def no_failures():
-        return {"errors": 0, "timeouts": 0}
-
-    eval_scorer = RolloutScorer(
-        [RewardFunctions(recording_functions, {}, no_failures)], metric_prefix="eval/reward"
-    )
+    eval_scorer = RolloutScorer([RewardFunctions(recording_functions, {})], metric_prefix="eval/reward")
 
     async def main():
         await store.initialize()

@@ -180,7 +180,7 @@ def test_records_match_the_buffer_episode_for_episode(tiny_policy, tmp_path):
         )
         try:
             recorder = RolloutRecorder(tmp_path / "rollouts.jsonl")
-            functions = RewardFunctions.of(RewardConfig(), reward.evaluate_groups.route, reward.counts.route)
+            functions = RewardFunctions.of(RewardConfig(), reward.evaluate_groups.route)
             scorer = RolloutScorer([functions])
             renderer = TurnRenderer(PromptRenderer(AutoTokenizer.from_pretrained(tiny_policy)))
             added: list[int] = []  # policy versions of the episodes added

@@ -21,6 +21,7 @@ from forge.engines.reward_classifier import ClassifierRewardEngine
 from forge.grpo.config import GRPOConfig
 from forge.recipes.grpo_serial import grpo_serial
 from forge.replay_buffer import ReplayBufferConfig
+from forge.rewards.failures import Failure
 from forge.rewards.judge import JudgeParse
 from forge.rewards.sources import RewardFunctions, RewardModel, RolloutScorer
 from forge.rollout.records import read_records
@@ -114,7 +115,7 @@ def test_a_rollout_is_scored_in_batched_calls_and_the_judges_answers_are_kept(cl
     parsed = [judge_config.parse.score(a) for a in answers]
     assert flat_values(scored, "judge") == [ERROR_REWARD if p is None else p for p in parsed]
     # The random judge does not answer as asked: each unparsable answer is an error, counted.
-    assert asyncio.run(models.counts()) == {"errors": parsed.count(None), "timeouts": 0}
+    assert models.counts == {"errors": parsed.count(None), "timeouts": 0}
 
 
 def test_a_replica_that_dies_or_hangs_is_replaced_and_its_call_retried(classifier):
@@ -136,7 +137,7 @@ def test_a_replica_that_dies_or_hangs_is_replaced_and_its_call_retried(classifie
     expected = pytest.approx(expected_scores(classifier), abs=1e-5)
     assert replacements == 2
     assert flat_values(died, "rm") == expected and flat_values(hung, "rm") == expected
-    assert asyncio.run(models.counts()) == {"errors": 0, "timeouts": 0}
+    assert models.counts == {"errors": 0, "timeouts": 0}
 
 
 def test_a_lone_model_that_hangs_scores_error_reward_and_is_counted(classifier):
@@ -154,7 +155,7 @@ def test_a_lone_model_that_hangs_scores_error_reward_and_is_counted(classifier):
 
     models, scored = asyncio.run(main())
     assert flat_values(scored, "rm") == [ERROR_REWARD] * 8
-    assert asyncio.run(models.counts()) == {"errors": 0, "timeouts": 1}
+    assert models.counts == {"errors": 0, "timeouts": 1}
 
 
 def test_a_grpo_run_weighs_in_a_classifier_and_a_judge_and_records_the_judges_answers(
@@ -242,7 +243,7 @@ def test_a_non_finite_score_or_a_raising_endpoint_scores_error_reward_and_is_cou
         models = models_scorer(cfg, [ServiceModel(handle, cfg.models[0].timeout_s)])
         scored = asyncio.run(score_with_models(models, [["1+1="] * 2], [["2", "3"]], ["2"]))
         assert flat_values(scored, "rm") == expected
-        assert asyncio.run(models.counts()) == {"errors": 1, "timeouts": 0}
+        assert models.counts == {"errors": 1, "timeouts": 0}
 
 
 class Routed:
@@ -259,14 +260,22 @@ def test_the_starvation_report_counts_the_reward_models_failures(classifier):
     cfg = reward_config(classifier)
     failing = type("Model", (), {"score": Answers(RuntimeError("CUDA out of memory"))})()
 
-    async def no_functions(prompts, responses, targets):
-        return [[(0.0, {}) for _ in group] for group in responses]
+    async def failing_functions(prompts, responses, targets):
+        # As the reward actor answers: two calls of `f` raised, one of `g` timed out.
+        [[first, second]] = responses
+        return [
+            [
+                {
+                    "f": Failure("errors", f"f raised on {first}"),
+                    "g": Failure("timeouts", f"g hung on {first}"),
+                },
+                {"f": Failure("errors", f"f raised on {second}"), "g": 0.0},
+            ]
+        ]
 
-    # The reward actor's functions failed 3 times since the start (its counts endpoint).
-    reward = type("Reward", (), {"counts": Routed({"errors": 2, "timeouts": 1})})()
     scorer = RolloutScorer(
         [
-            RewardFunctions(no_functions, {}, reward.counts.route),
+            RewardFunctions(failing_functions, {"f": 1.0, "g": 1.0}),
             RewardModel(cfg.models[0], ServiceModel(failing, cfg.models[0].timeout_s)),
         ],
         ERROR_REWARD,

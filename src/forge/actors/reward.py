@@ -12,6 +12,7 @@ from forge.config import ForgeConfigModel
 from forge.controller import ForgeActor
 from forge.engines.generation import SamplingParams
 from forge.engines.vllm_config import VLLMConfig
+from forge.rewards.failures import Failure
 from forge.rewards.functions import RewardFnName
 from forge.rewards.judge import DEFAULT_TEMPLATE, JudgeParse, check_template
 from forge.rewards.remote import REMOTE, RemoteRewardConfig
@@ -139,27 +140,18 @@ class RewardConfig(ForgeConfigModel):
 class RewardActor(ForgeActor):
     def __init__(self, cfg: RewardConfig):
         self.scorer = RewardScorer(
-            [(f.name, f.weight) for f in cfg.functions],
-            cfg.error_reward,
-            cfg.timeout_s,
-            cfg.memory_limit_gib,
-            cfg.remote,
+            [(f.name, f.weight) for f in cfg.functions], cfg.timeout_s, cfg.memory_limit_gib, cfg.remote
         )
 
     @endpoint
     async def evaluate_groups(
         self, prompts: list[list[str]], responses: list[list[str]], targets: list[str]
-    ) -> list[list[tuple[float, dict[str, float]]]]:
-        """(weighted total, {function name: its value}) of every response of several groups, in
-        one call, with group functions scoring each group as a whole (one prompt per response:
-        after several turns each response has its own conversation before it)."""
+    ) -> list[list[dict[str, float | Failure]]]:
+        """{function name: its value, or the `Failure` of the call that scored it} of every
+        response of several groups, in one call, with group functions scoring each group as a
+        whole (one prompt per response: after several turns each response has its own
+        conversation before it). The rollout's scorer applies the failures."""
         return self.scorer.score_groups(prompts, responses, targets)
-
-    @endpoint
-    async def counts(self) -> dict[str, int]:
-        """Failed reward calls since the start (a function's on a response or a group, a request
-        to the reward server): {"errors": n, "timeouts": n}."""
-        return self.scorer.counts
 
     async def __cleanup__(self, exc: Exception | None) -> None:
         """When the actor stops: the reward worker stops now, not when its pipe closes."""

@@ -207,7 +207,7 @@ async def launch_actors(
     # On this process: the reward models' services are its handles (forge.rewards.sources).
     scorer = RolloutScorer.for_run(
         cfg.reward,
-        RewardFunctions.of(cfg.reward, reward.evaluate_groups.route, reward.counts.route),
+        RewardFunctions.of(cfg.reward, reward.evaluate_groups.route),
         reward_models,
         environment=cfg.env is not None,
         agent=cfg.agent is not None,

@@ -109,7 +109,6 @@ async def _train(cfg: GRPOConfig, report: Report, tokenizer) -> dict:
         [(cfg.eval.reward_fn, 1.0)],
         timeout_s=cfg.reward.timeout_s,
         memory_limit_gib=cfg.reward.memory_limit_gib,
-        metric_prefix="eval/reward",
     )
     eval_scorer = RolloutScorer(
         [RewardFunctions.in_process(eval_functions)],

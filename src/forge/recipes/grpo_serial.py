@@ -109,9 +109,7 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
     # The functions in this process, with no time or memory limit: one process, one thing at a time
     # (the app's reward actor runs them in a worker process it can restart when one hangs); the
     # reward models each loaded here; scored by the app's kind of scorer.
-    functions = RewardScorer(
-        [(f.name, f.weight) for f in cfg.reward.functions], cfg.reward.error_reward, remote=cfg.reward.remote
-    )
+    functions = RewardScorer([(f.name, f.weight) for f in cfg.reward.functions], remote=cfg.reward.remote)
     scorer = RolloutScorer.for_run(
         cfg.reward,
         RewardFunctions.in_process(functions),
@@ -123,7 +121,7 @@ def grpo_serial(cfg: GRPOConfig, on_step: Callable[[int, dict[str, float]], None
     buffer = EpisodeBuffer(cfg.replay_buffer)
     eval_rows = eval_rows[: cfg.eval.num_prompts]
     eval_scorer = RolloutScorer(
-        [RewardFunctions.in_process(RewardScorer([(cfg.eval.reward_fn, 1.0)], metric_prefix="eval/reward"))],
+        [RewardFunctions.in_process(RewardScorer([(cfg.eval.reward_fn, 1.0)]))],
         metric_prefix="eval/reward",
     )
 

@@ -4,11 +4,12 @@
   import path, and the config type that checks a name; `group_functions`: functions that score
   a whole group per call; `math_verify_reward`, `reasoning_gym_reward`: built-ins whose
   libraries are imported only when a config names them.
-- `scorer`: `RewardScorer`, the weighted total of the functions and the reward server for each
-  response (what the reward actor runs);
+- `scorer`: `RewardScorer`, the values of the functions and the reward server for each response,
+  a `Failure` where a call failed (what the reward actor runs);
 - `sources`: `RolloutScorer`, each trajectory's reward over typed sources: the functions, the
   reward models (classifiers, judges; a client per model, an actor service in the app, an engine
-  in the serial recipe), the environment's step rewards, an agent's own reward;
+  in the serial recipe), the environment's step rewards, an agent's own reward; it weighs them,
+  and applies and counts every source's failures in one place;
 - `failures`: what a failed call scores (``reward.error_reward``) and how it is counted, for the
   functions, the reward server and the reward models alike.
 - `worker`: the process that runs the functions with a time limit per call.

@@ -13,10 +13,11 @@ sent again, up to ``retries`` times, after a backoff of ``retry_backoff_s`` that
 time (each counted in ``reward/remote/retries``). An answer that breaks the protocol (another
 status, not JSON, a wrong number of scores, a score that is not a finite number) is not sent
 again: the server would answer the same. The items of a batch whose last request failed score
-``reward.error_reward``, and the batch counts once, as every failed scoring call does
-(`forge.rewards.failures`): in ``reward/remote/timeouts`` when that request timed out, else in
-``reward/remote/errors``. A batch that a retry scored is no failure. The run goes on. So one
-batch takes at most about ``(retries + 1) * timeout_s`` plus the backoffs.
+``reward.error_reward`` and the batch counts once, as every failed scoring call does (a
+`Failure`, applied by the rollout's scorer, `forge.rewards.sources`): in
+``reward/remote/timeouts`` when that request timed out, else in ``reward/remote/errors``. A
+batch that a retry scored is no failure. The run goes on. So one batch takes at most about
+``(retries + 1) * timeout_s`` plus the backoffs.
 
 Only the standard library: urllib in a thread pool is all a few requests per rollout need.
 """
@@ -38,7 +39,7 @@ from pydantic import Field, field_validator
 
 from forge.config import ForgeConfigModel
 from forge.observability import Reduce, record_metric
-from forge.rewards.failures import RewardFailures
+from forge.rewards.failures import Failure
 
 logger = logging.getLogger(__name__)
 
@@ -92,19 +93,18 @@ class PendingScores:
 
     batches: list[Future]
 
-    def result(self) -> list[float]:
-        """Every item's score, in order (waits for the batches still in flight)."""
+    def result(self) -> list[float | Failure]:
+        """Every item's score, in order, or its batch's `Failure` (waits for the batches still in
+        flight)."""
         return [score for batch in self.batches for score in batch.result()]
 
 
 class RemoteScorer:
     """Scores (prompt, response, target) items with the reward server (see the module docstring);
-    an item of a batch that failed for good scores `error_reward`."""
+    the items of a batch that failed for good get one `Failure`."""
 
-    def __init__(self, cfg: RemoteRewardConfig, failures: RewardFailures):
+    def __init__(self, cfg: RemoteRewardConfig):
         self.cfg = cfg
-        # A batch that fails for good counts once, under the name `remote`.
-        self.failures = failures
         self._pool = ThreadPoolExecutor(cfg.max_concurrent, thread_name_prefix="remote-reward")
 
     def submit(self, items: list[tuple[str, str, str]]) -> PendingScores:
@@ -130,7 +130,7 @@ class RemoteScorer:
         """Stops sending: batches not started yet are dropped, requests in flight end on their own."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _score_batch(self, items: list[tuple[str, str, str]]) -> list[float]:
+    def _score_batch(self, items: list[tuple[str, str, str]]) -> list[float | Failure]:
         body = request_body(items)
         attempt = 0
         while True:
@@ -143,9 +143,9 @@ class RemoteScorer:
                     f"(attempt {attempt} of {self.cfg.retries + 1})"
                 )
                 if not (failure.retryable and attempt <= self.cfg.retries):
-                    return self.failures.failed(REMOTE, failure.counter, what, len(items))
+                    return [Failure(failure.counter, what)] * len(items)
                 logger.warning("%s; sending it again", what)
-            record_metric(f"{self.failures.metric_prefix}/{REMOTE}/retries", 1, Reduce.SUM)
+            record_metric(f"reward/{REMOTE}/retries", 1, Reduce.SUM)
             time.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
 
     def _post(self, body: bytes, size: int) -> list[float]:

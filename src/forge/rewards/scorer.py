@@ -1,12 +1,12 @@
-"""Scoring responses with weighted reward functions, with a time limit on every call.
+"""Running the reward functions, with a time limit on every call, and the reward server.
 
 A reward function is user code: it may raise, return something that is not a finite number
 (None, a string, ``inf``), never return, end its process (``os._exit``, a crash in C code) or
-print megabytes. None of these may stop a run. A call that does not return a finite number
-scores ``error_reward`` and is counted in ``reward/<name>/errors``; a call that runs longer
-than ``timeout_s`` scores ``error_reward`` and is counted in ``reward/<name>/timeouts``; one that
-maps more than ``memory_limit_gib`` of memory (beyond what the imported functions hold) scores
-``error_reward`` and is counted in ``reward/<name>/errors``.
+print megabytes. None of these may stop a run. A call that does not return a finite number, runs
+longer than ``timeout_s`` or maps more than ``memory_limit_gib`` of memory (beyond what the
+imported functions hold) gives a `Failure` (an error or a timeout) in place of its values: the
+rollout's scorer (`forge.rewards.sources.RolloutScorer`) scores ``error_reward`` for the
+responses it scored and counts it once, as it does every source's failed calls.
 
 A hung call cannot be interrupted inside the process that runs it (Python cannot kill a
 thread, and C code may ignore signals), but a child process can be killed. So with a
@@ -21,49 +21,48 @@ The worker exits when its pipe from this process closes: at `close`, or when thi
 dies however it dies; its forked processes die with it.
 
 A group reward function (`forge.rewards.group_functions`) is called once per group, in the same
-batch and under the same limits; a call of it that fails scores ``error_reward`` for every
-response of its group and counts once. A reward server (``remote``, `forge.rewards.remote`)
-scores the same responses over HTTP, in threads of this process, while the worker runs: it has
-its own timeouts and retries, and scores ``error_reward`` where it fails.
+batch and under the same limits; a call of it that fails gives one `Failure` for every response
+of its group. A reward server (``remote``, `forge.rewards.remote`) scores the same responses over
+HTTP, in threads of this process, while the worker runs: it has its own timeouts and retries,
+and gives a `Failure` for a batch that fails for good.
 """
 
 from __future__ import annotations
 
-from forge.observability import Reduce, record_metric
-from forge.rewards.failures import RewardFailures
+from forge.rewards.failures import Failure
 from forge.rewards.functions import get_reward_fn
 from forge.rewards.group_functions import is_group_reward
 from forge.rewards.remote import REMOTE, RemoteRewardConfig, RemoteScorer
 from forge.rewards.worker import ERROR, TIMEOUT, Call, Outcome, RewardWorker, call_here
 
 COUNTERS = {ERROR: "errors", TIMEOUT: "timeouts"}
+# Each response's values by name: a number, or the `Failure` of the call that scored it (one
+# object for all the responses of that call).
+Breakdown = dict[str, float | Failure]
 
 
 class RewardScorer:
-    """Scores responses with weighted reward functions (see the module docstring) and, with
-    ``remote``, a reward server (`forge.rewards.remote`), group by group.
+    """Runs weighted reward functions and, with ``remote``, a reward server
+    (`forge.rewards.remote`) on responses, group by group (see the module docstring): each
+    response's values by name, a `Failure` where a call failed. The rollout's scorer weighs
+    them (`weights`).
 
-    ``timeout_s=None`` runs the functions in this process, with no time or memory limit. Each function's
-    values are recorded under ``metric_prefix`` (``eval/reward`` for the eval's scorer); the
-    total, which has other sources, where they are summed (`forge.rewards.sources`).
+    ``timeout_s=None`` runs the functions in this process, with no time or memory limit.
     """
 
     def __init__(
         self,
         functions: list[tuple[str, float]],
-        error_reward: float = 0.0,
         timeout_s: float | None = None,
         memory_limit_gib: float | None = None,
         remote: RemoteRewardConfig | None = None,
-        metric_prefix: str = "reward",
     ):
         self.functions = [(name, weight, get_reward_fn(name)) for name, weight in functions]
-        self.timeout_s, self.metric_prefix = timeout_s, metric_prefix
-        self.failures = RewardFailures(error_reward, metric_prefix)
+        self.timeout_s = timeout_s
         self._worker = (
             RewardWorker([name for name, _ in functions], timeout_s, memory_limit_gib) if timeout_s else None
         )
-        self._remote = RemoteScorer(remote, self.failures) if remote is not None else None
+        self._remote = RemoteScorer(remote) if remote is not None else None
 
     def start(self) -> None:
         """Starts the worker process now rather than at the first scoring (it takes a second or
@@ -79,27 +78,20 @@ class RewardScorer:
             weights[REMOTE] = self._remote.cfg.weight
         return weights
 
-    @property
-    def counts(self) -> dict[str, int]:
-        """Failed calls since the start (of a function on a response or a group, or a request to
-        the reward server), for messages that explain a run's state (e.g. a starving trainer)."""
-        return self.failures.counts
-
-    def score_many(self, items: list[tuple[str, str, str]]) -> list[tuple[float, dict[str, float]]]:
-        """(weighted total, {function name: its value}) of each (prompt, response, target), each
-        response a group of its own, in one batch."""
+    def score_many(self, items: list[tuple[str, str, str]]) -> list[Breakdown]:
+        """The values of each (prompt, response, target), each response a group of its own, in one
+        batch."""
         groups = self.score_groups(
             [[p] for p, _, _ in items], [[r] for _, r, _ in items], [t for *_, t in items]
         )
-        return [group_scores for [group_scores] in groups]
+        return [breakdown for [breakdown] in groups]
 
     def score_groups(
         self, prompts: list[list[str]], responses: list[list[str]], targets: list[str]
-    ) -> list[list[tuple[float, dict[str, float]]]]:
-        """(weighted total, {function name: its value}) of each response of each group (its
-        prompts, its responses, its target), in one batch of calls to the worker: one call per
-        response of each function, one per group of each group function, while the reward
-        server scores the same responses."""
+    ) -> list[list[Breakdown]]:
+        """The values of each response of each group (its prompts, its responses, its target), in
+        one batch of calls to the worker: one call per response of each function, one per group
+        of each group function, while the reward server scores the same responses."""
         groups = [
             [(p, r, target) for p, r in zip(group_prompts, group, strict=True)]
             for group_prompts, group, target in zip(prompts, responses, targets, strict=True)
@@ -108,24 +100,14 @@ class RewardScorer:
         items = [item for group in groups for item in group]
         remote = self._remote.submit(items) if self._remote is not None else None
         breakdowns = self._function_values(groups)
-        weights = [(name, weight) for name, weight, _ in self.functions]
         if remote is not None:
             remote_values = iter(remote.result())
-            weights.append((REMOTE, self._remote.cfg.weight))
-        scores = []
-        for group_breakdowns in breakdowns:
-            scores.append([])
-            for breakdown in group_breakdowns:
-                if remote is not None:
+            for group_breakdowns in breakdowns:
+                for breakdown in group_breakdowns:
                     breakdown[REMOTE] = next(remote_values)
-                total = 0.0
-                for name, weight in weights:
-                    record_metric(f"{self.metric_prefix}/{name}", breakdown[name], Reduce.MEAN)
-                    total += weight * breakdown[name]
-                scores[-1].append((total, breakdown))
-        return scores
+        return breakdowns
 
-    def _function_values(self, groups: list[list[tuple[str, str, str]]]) -> list[list[dict[str, float]]]:
+    def _function_values(self, groups: list[list[tuple[str, str, str]]]) -> list[list[Breakdown]]:
         """{function name: its value} of each response of each group of (prompt, response, target)."""
         calls: list[Call] = []
         positions: list[tuple[int, range]] = []  # the group and the responses each call scores
@@ -151,9 +133,10 @@ class RewardScorer:
             return self._worker.run(calls)
         return [call_here(self.functions[i][2], p, r, t) for i, p, r, t in calls]
 
-    def _values(self, name: str, outcome: Outcome, response: str | list[str], size: int) -> list[float]:
-        """The values a call's outcome gives its `size` responses: `error_reward` for each when
-        it failed (counted once: one call failed)."""
+    @staticmethod
+    def _values(name: str, outcome: Outcome, response: str | list[str], size: int) -> list[float | Failure]:
+        """The values a call's outcome gives its `size` responses: one `Failure` for all of them
+        when it failed."""
         if not isinstance(outcome, tuple):
             return outcome if isinstance(outcome, list) else [outcome]
         kind, why = outcome
@@ -162,7 +145,7 @@ class RewardScorer:
             if isinstance(response, list)
             else f"response {response[:200]!r}"
         )
-        return self.failures.failed(name, COUNTERS[kind], f"reward function '{name}' {why} on {scored}", size)
+        return [Failure(COUNTERS[kind], f"reward function '{name}' {why} on {scored}")] * size
 
     def close(self) -> None:
         if self._worker is not None:

@@ -15,13 +15,13 @@ Every total is recorded in ``<metric_prefix>/total``. The app's rollout step, th
 reward function as the one source, under ``eval/reward``) and the serial recipe all score with
 a `RolloutScorer`.
 
-Failures, one policy (`forge.rewards.failures`): a call that fails scores ``error_reward`` for
-the responses it scored and counts once, in ``reward/<name>/errors`` or ``/timeouts``. The
-scorer applies it to the sources it calls (the reward models: a failed call, a value that is no
-finite number); the reward functions apply it where they run, since only their worker sees
-a call hang or end its process (`forge.rewards.scorer`). `RolloutScorer.counts` adds them up:
-every source's failures since the start, which explain a starving trainer
-(`forge.runs.guards`).
+Failures, one policy (`forge.rewards.failures`), applied here for every source: a call that
+fails scores ``error_reward`` for the responses it scored and counts once, in
+``reward/<name>/errors`` or ``/timeouts``. A source gives a `Failure` in place of the values of
+each call that failed (a reward function that raised, hung or ended its process, in the worker
+that saw it; a reward server's batch that failed for good; a reward model's call, or a value of
+it that is no finite number). `RolloutScorer.counts`: every source's failures since the start,
+which explain a starving trainer (`forge.runs.guards`).
 
 Why the scorer runs on the controller and not in the reward actor: the reward models are
 services, and a service's handle lives on the controller, which replaces its replicas from its
@@ -49,10 +49,10 @@ if TYPE_CHECKING:
 
 # A trajectory's reward: (total, {source name: value}, {judge name: its answer}).
 TrajectoryScore = tuple[float, dict[str, float], dict[str, str]]
-# (prompts, responses, targets) of several groups -> (weighted total, {function name: value}) of
-# each response of each group: the reward actor's `evaluate_groups`, or `RewardScorer.score_groups`.
+# (prompts, responses, targets) of several groups -> {function name: value or Failure} of each
+# response of each group: the reward actor's `evaluate_groups`, or `RewardScorer.score_groups`.
 ScoreFunctions = Callable[
-    [list[list[str]], list[list[str]], list[str]], Awaitable[list[list[tuple[float, dict[str, float]]]]]
+    [list[list[str]], list[list[str]], list[str]], Awaitable[list[list[dict[str, float | Failure]]]]
 ]
 
 
@@ -91,16 +91,13 @@ class SourceScores:
 
     values: dict[str, list[float | Failure]]
     notes: dict[str, list[str]] = field(default_factory=dict)
-    # Each response's weighted sum of these values, where the source weighs them itself (the
-    # reward functions, where they run); None: the scorer weighs them.
-    totals: list[float] | None = None
 
 
 class RewardSource(Protocol):
     weights: dict[str, float]  # its breakdown names, in order, and their weights
     timeout_s: float | None  # longest a call may take (None: no call, or no limit)
-    # Whether the scorer records its values in <metric_prefix>/<name> (reward functions record
-    # theirs where they run; the environment's step rewards are no metric).
+    # Whether the scorer records its values in <metric_prefix>/<name> (the environment's step
+    # rewards are no metric).
     recorded: bool
 
     async def score(self, responses: Responses) -> SourceScores: ...
@@ -111,22 +108,20 @@ class RewardFunctions:
     """Reward functions, group functions and the reward server, in one call for the whole rollout
     (`score_functions`: the reward actor's `evaluate_groups`, or a `RewardScorer`'s in this
     process), weighed by `weights` (the reward server's under ``remote``); each call of a function
-    within `timeout_s`. Their failures are applied and counted where they run; `counts` reads them
-    (the reward actor's endpoint, or the scorer's)."""
+    within `timeout_s`."""
 
     score_functions: ScoreFunctions
     weights: dict[str, float]
-    counts: Callable[[], Awaitable[dict[str, int]]]
     timeout_s: float | None = None
-    recorded = False
+    recorded = True
 
     @classmethod
-    def of(cls, cfg: RewardConfig, score_functions: ScoreFunctions, counts) -> RewardFunctions:
+    def of(cls, cfg: RewardConfig, score_functions: ScoreFunctions) -> RewardFunctions:
         """The functions (and reward server) of `cfg` (``reward``), scored by `score_functions`."""
         weights = {f.name: f.weight for f in cfg.functions}
         if cfg.remote is not None:
             weights[REMOTE] = cfg.remote.weight
-        return cls(score_functions, weights, counts, cfg.timeout_s)
+        return cls(score_functions, weights, cfg.timeout_s)
 
     @classmethod
     def in_process(cls, scorer: RewardScorer) -> RewardFunctions:
@@ -136,16 +131,12 @@ class RewardFunctions:
         async def score_functions(prompts, responses, targets):
             return await asyncio.to_thread(scorer.score_groups, prompts, responses, targets)
 
-        async def counts():
-            return scorer.counts
-
-        return cls(score_functions, scorer.weights, counts, scorer.timeout_s)
+        return cls(score_functions, scorer.weights, scorer.timeout_s)
 
     async def score(self, responses: Responses) -> SourceScores:
         scored = await self.score_functions(responses.prompts, responses.answers, responses.targets)
-        flat = [score for group in scored for score in group]
-        values = {name: [breakdown[name] for _, breakdown in flat] for name in self.weights}
-        return SourceScores(values, totals=[total for total, _ in flat])
+        flat = [breakdown for group in scored for breakdown in group]
+        return SourceScores({name: [breakdown[name] for breakdown in flat] for name in self.weights})
 
 
 class ModelClient(Protocol):
@@ -275,14 +266,10 @@ class RolloutScorer:
             sources.append(AgentReward())
         return cls(sources, cfg.error_reward)
 
-    async def counts(self) -> dict[str, int]:
+    @property
+    def counts(self) -> dict[str, int]:
         """Every source's failed calls since the start: {"errors": n, "timeouts": n}."""
-        counts = self.failures.counts
-        for source in self.sources:
-            if isinstance(source, RewardFunctions):
-                functions = await source.counts()
-                counts = {kind: n + functions[kind] for kind, n in counts.items()}
-        return counts
+        return self.failures.counts
 
     async def score(self, groups: list[list[Completion]], targets: list[str]) -> list[list[TrajectoryScore]]:
         """Each trajectory's (total, breakdown, notes), group by group (one target per group):
@@ -297,9 +284,9 @@ class RolloutScorer:
         for i, completion in enumerate(responses.completions):
             total, breakdown, notes = 0.0, {}, {}
             for source, source_values, scores in zip(self.sources, values, scored, strict=True):
-                for name in source.weights:
+                for name, weight in source.weights.items():
                     breakdown[name] = source_values[name][i]
-                total += scores.totals[i] if scores.totals is not None else self._weighed(source, breakdown)
+                    total += weight * breakdown[name]
                 notes.update({name: answers[i] for name, answers in scores.notes.items()})
             if self._agent and completion.agent_reward is not None:
                 total, breakdown = completion.agent_reward, {"agent": completion.agent_reward}
@@ -307,14 +294,6 @@ class RolloutScorer:
             flat.append((total, breakdown, notes))
         trajectories = iter(flat)
         return [[next(trajectories) for _ in group] for group in groups]
-
-    @staticmethod
-    def _weighed(source: RewardSource, breakdown: dict[str, float]) -> float:
-        """The source's values weighed and summed: what it adds to the total."""
-        weighed = 0.0
-        for name, weight in source.weights.items():
-            weighed += weight * breakdown[name]
-        return weighed
 
     def _values(self, source: RewardSource, name: str, values: list[float | Failure]) -> list[float]:
         """`values` with `error_reward` for each failure, each failed call counted once; recorded

@@ -91,10 +91,9 @@ def check_environment(cfg: GRPOConfig, env_class, row: Row) -> None:
 def check_reward_server(remote, row: Row) -> None:
     """The reward server scores one response (the first training row's prompt, answered with
     nothing) by its protocol, before the run."""
-    from forge.rewards.failures import RewardFailures
     from forge.rewards.remote import RemoteScorer
 
-    scorer = RemoteScorer(remote, RewardFailures())
+    scorer = RemoteScorer(remote)
     try:
         prompt = row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"])
         scorer.check((prompt, "", str(row.get("target", ""))))

@@ -60,7 +60,7 @@ async def starvation_report(
     reward models. With `env`, the environment's failures (`env_failures`) are named, and said to
     explain the starvation when they dropped as many groups as were kept."""
     buffer = await replay_buffer.counts.route()
-    return starvation_message(rollouts, buffer, await scorer.counts(), buffer_config, env, env_failures)
+    return starvation_message(rollouts, buffer, scorer.counts, buffer_config, env, env_failures)
 
 
 def starvation_message(

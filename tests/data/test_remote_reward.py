@@ -240,7 +240,8 @@ def test_the_reward_actor_scores_with_functions_a_group_function_and_the_server_
             ]
             scores = await scorer.score(groups, ["2", "7"])
             server.plan.append("hang")
-            failed = await scorer.score([[one_turn("1+1=", "2")]], ["2"])
+            # One request of two responses hangs: one Failure for both, from the reward actor.
+            failed = await scorer.score([[one_turn("1+1=", "2"), one_turn("1+1=", "2")]], ["2"])
             return scores, failed, scorer.counts
         finally:
             await shutdown()
@@ -261,8 +262,8 @@ def test_the_reward_actor_scores_with_functions_a_group_function_and_the_server_
     ]
     assert [total for total, _, _ in scores[0]] == [1.0 + 0.25 + 1, 1.0 + 0.25 + 1, 0.1 + 0.5 + 2]
     assert sorted(server.batches[:3]) == [1, 3, 3]  # 7 responses of one rollout, in 3 requests
-    assert failed == [[(1.0 + 0.5 + 0.0, {"toy_task": 1.0, distinct: 1.0, "remote": 0.0}, {})]]
-    assert counts == {"errors": 0, "timeouts": 1}
+    assert failed == [[(1.0 + 0.25 + 0.0, {"toy_task": 1.0, distinct: 0.5, "remote": 0.0}, {})] * 2]
+    assert counts == {"errors": 0, "timeouts": 1}  # counted once
 
 
 @pytest.mark.parametrize("how", ["right", "404", "not_json", "down"])

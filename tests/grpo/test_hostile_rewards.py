@@ -116,8 +116,8 @@ def test_a_run_with_hostile_rewards_completes_and_counts_their_errors(
     assert errors["hostile_rewards:exits_once"] == 1  # then it returned 0.0
     assert all(r["train/skipped"] == 0 for r in rows[1:])
     assert not any(f"reward/{name}/timeouts" in r for r in rows for name in hostile)
-    # Recorded in the reward actor, these reach the row of the flush that collects them: on a
-    # loaded machine a step's scoring can land in the next step's row, so not every row has them.
+    # Recorded as the rollout loop scores, these reach the row of the flush that collects them: on
+    # a loaded machine a step's scoring can land in the next step's row, so not every row has them.
     trained = rows[1:]
     assert all(any(f"reward/{name}" in r for r in trained) for name in ("distinct", "remote")), trained
     # The hung request was sent again and scored: a retry, no failure.

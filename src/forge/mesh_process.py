@@ -13,16 +13,19 @@ from __future__ import annotations
 import gc
 import os
 import random
+import sys
 
 # True in a mesh's process (set by `start`), never in the program's own.
 _in_mesh = False
+# The seed of torch's global RNG in this process, until the actor is made (`actor_made`).
+_torch_seed: int | None = None
 
 
 def start(world_size: int, master_port: int, gpus: list[str], seed: int | None, defer_gc: bool) -> None:
     """Monarch's bootstrap hook: the process's distributed environment, its GPUs, its seeds.
     `defer_gc`: no garbage collection until a ForgeActor is made here (a mesh whose actors are
     no ForgeActors, such as the weight store's, collects from the start)."""
-    global _in_mesh
+    global _in_mesh, _torch_seed
     _in_mesh = True
     if defer_gc:
         gc.disable()
@@ -39,12 +42,17 @@ def start(world_size: int, master_port: int, gpus: list[str], seed: int | None, 
     )
     # Set before anything touches CUDA: the mesh's own GPUs first, then the others.
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    seed_global_rngs(seed, rank)
+    # A distinct, repeatable seed per rank, so that what an actor draws repeats from run to run.
+    # torch's is set when the actor is made: a process whose actor needs no torch (the dataset's,
+    # the reward functions') then never imports it, a second of CPU at start-up.
+    if seed is not None:
+        random.seed(seed + rank)
+        _torch_seed = seed + rank
 
 
 def seed_global_rngs(seed: int | None, rank: int) -> None:
     """Python's and torch's global RNGs: a distinct, repeatable seed per rank, before any actor
-    starts, so that what an actor draws from them repeats from run to run."""
+    starts (a worker host's processes: `forge.controller.hosts`)."""
     if seed is None:
         return
     import torch
@@ -54,8 +62,14 @@ def seed_global_rngs(seed: int | None, rank: int) -> None:
 
 
 def actor_made() -> None:
-    """A ForgeActor is being made: its modules are imported, garbage collection is on again."""
+    """A ForgeActor is being made: its modules are imported, garbage collection is on again, and
+    torch's RNG is seeded where they imported torch (an actor that draws from torch imports it
+    with its module, before it is made; nothing drew from it before)."""
+    global _torch_seed
     gc.enable()
+    if _torch_seed is not None and "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(_torch_seed)
+        _torch_seed = None
 
 
 def prepare_exit() -> None:

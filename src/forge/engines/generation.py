@@ -33,16 +33,20 @@ stop reason is "stop". (vLLM's own ``stop`` needs its tokenizer and drops the st
 text; forge runs vLLM without a tokenizer.)
 """
 
+from __future__ import annotations
+
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, NamedTuple
+from typing import TYPE_CHECKING, Annotated, NamedTuple
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from forge.data.types import Completion, StopReason
+
+if TYPE_CHECKING:  # an engine's weights are torch tensors; the configs and types here need no torch
+    import torch
 
 
 class SamplingParams(BaseModel):

@@ -5,12 +5,14 @@ plain vLLM with the same arguments."""
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field
 
 from forge.config import ForgeConfigModel
+
+if TYPE_CHECKING:
+    import torch
 
 # How new weights enter a running engine (forge.engines.vllm): after the running requests
 # finish, or between two steps of them.

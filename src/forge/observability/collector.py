@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import threading
-
-import torch
+from typing import TYPE_CHECKING
 
 from forge.observability.reduce import Accumulator, Reduce
+
+if TYPE_CHECKING:
+    import torch
 
 _lock = threading.Lock()
 _state: dict[str, Accumulator] = {}
@@ -18,7 +21,10 @@ def record_metric(key: str, value: float | int | torch.Tensor, reduce: Reduce = 
     Safe to call from any actor or the controller; values are reduced exactly across all
     processes when the metric logger flushes.
     """
-    if isinstance(value, torch.Tensor):
+    # torch is imported by whoever made a tensor: an actor process that needs no torch never
+    # imports it (a second of CPU at start-up).
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
         value = value.detach().float().item()
     with _lock:
         acc = _state.get(key)

@@ -50,17 +50,6 @@ def start(world_size: int, master_port: int, gpus: list[str], seed: int | None, 
         _torch_seed = seed + rank
 
 
-def seed_global_rngs(seed: int | None, rank: int) -> None:
-    """Python's and torch's global RNGs: a distinct, repeatable seed per rank, before any actor
-    starts (a worker host's processes: `forge.controller.hosts`)."""
-    if seed is None:
-        return
-    import torch
-
-    random.seed(seed + rank)
-    torch.manual_seed(seed + rank)
-
-
 def actor_made() -> None:
     """A ForgeActor is being made: its modules are imported, garbage collection is on again, and
     torch's RNG is seeded where they imported torch (an actor that draws from torch imports it

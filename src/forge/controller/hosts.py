@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from monarch.actor import Actor, HostMesh, ProcMesh, attach_to_workers, current_rank, endpoint
 
 from forge.controller.gpu_pool import GpuPool
-from forge.mesh_process import seed_global_rngs
+from forge.controller.seeding import seed_global_rngs
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
-"""What runs in each process of a mesh the provisioner starts (on this host): first, Monarch's
-bootstrap hook (`start`); then, when the process's ForgeActor is made (`actor_made`) and as it
-stops (`prepare_exit`). Each such process ends with its mesh.
+"""What runs in each process of a mesh the provisioner starts: first, Monarch's bootstrap hook
+(`start` on this host, `forge.controller.hosts.set_rank_env` on a worker, which both call `enter`
+and `seed_rngs`); then, when the process's ForgeActor is made (`actor_made`) and as it stops
+(`prepare_exit`). Each such process ends with its mesh.
 
 This module is outside `forge.controller` and imports nothing heavy, because the hook runs before
 the process imports anything else: with garbage collection off from there until the actor is
@@ -22,13 +23,9 @@ _torch_seed: int | None = None
 
 
 def start(world_size: int, master_port: int, gpus: list[str], seed: int | None, defer_gc: bool) -> None:
-    """Monarch's bootstrap hook: the process's distributed environment, its GPUs, its seeds.
-    `defer_gc`: no garbage collection until a ForgeActor is made here (a mesh whose actors are
-    no ForgeActors, such as the weight store's, collects from the start)."""
-    global _in_mesh, _torch_seed
-    _in_mesh = True
-    if defer_gc:
-        gc.disable()
+    """Monarch's bootstrap hook on this host: the process's distributed environment, its GPUs,
+    its seeds."""
+    enter(defer_gc)
     from monarch.actor import current_rank
 
     rank = current_rank().rank
@@ -42,9 +39,25 @@ def start(world_size: int, master_port: int, gpus: list[str], seed: int | None, 
     )
     # Set before anything touches CUDA: the mesh's own GPUs first, then the others.
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    # A distinct, repeatable seed per rank, so that what an actor draws repeats from run to run.
-    # torch's is set when the actor is made: a process whose actor needs no torch (the dataset's,
-    # the reward functions') then never imports it, a second of CPU at start-up.
+    seed_rngs(seed, rank)
+
+
+def enter(defer_gc: bool) -> None:
+    """First in a mesh's process. `defer_gc`: no garbage collection until a ForgeActor is made
+    here (a mesh whose actors are no ForgeActors, such as the weight store's, collects from the
+    start)."""
+    global _in_mesh
+    _in_mesh = True
+    if defer_gc:
+        gc.disable()
+
+
+def seed_rngs(seed: int | None, rank: int) -> None:
+    """A distinct, repeatable seed per rank (`seed`: the mesh's, `forge.controller.seeding`), so
+    that what an actor draws repeats from run to run: Python's RNG now, torch's when the actor is
+    made, so that a process whose actor needs no torch (the dataset's, the reward functions')
+    never imports it, a second of CPU at start-up."""
+    global _torch_seed
     if seed is not None:
         random.seed(seed + rank)
         _torch_seed = seed + rank

@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 
 from monarch.actor import Actor, HostMesh, ProcMesh, attach_to_workers, current_rank, endpoint
 
+from forge import mesh_process
 from forge.controller.gpu_pool import GpuPool
-from forge.controller.seeding import seed_global_rngs
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ def set_rank_env(
 ) -> None:
     """Bootstrap of a mesh on workers: ranks over hosts x procs, this host's GPUs, the
     controller's settings in FORWARDED_ENV, and the process's RNG seed."""
+    mesh_process.enter(defer_gc=False)
     point = current_rank()
     host = dict(point).get("hosts", 0)
     local = dict(point).get("procs", 0)
@@ -126,7 +127,7 @@ def set_rank_env(
         LOCAL_WORLD_SIZE=str(procs_per_host),
         CUDA_VISIBLE_DEVICES=",".join(gpus_by_host[host]),
     )
-    seed_global_rngs(seed, point.rank)
+    mesh_process.seed_rngs(seed, point.rank)
 
 
 class AttachedHosts:

@@ -1,11 +1,9 @@
 """Seeds for the processes the provisioner starts: each process seeds Python's and torch's
-global RNGs with (run seed, its mesh's name, its rank) before any actor starts (on this host:
-`forge.mesh_process`, torch's as the actor is made), so that what an actor draws from them
-repeats from run to run."""
+global RNGs with (run seed, its mesh's name, its rank) before any actor starts (torch's as the
+actor is made: `forge.mesh_process.seed_rngs`), so that what an actor draws from them repeats
+from run to run."""
 
 from __future__ import annotations
-
-import random
 
 
 def mesh_seed(seed: int, mesh_name: str) -> int:
@@ -15,14 +13,3 @@ def mesh_seed(seed: int, mesh_name: str) -> int:
 
     base = mesh_name.rstrip("0123456789").rstrip("_")
     return sample_seed(seed, int.from_bytes(base.encode()[:8], "little")) % 2**32
-
-
-def seed_global_rngs(seed: int | None, rank: int) -> None:
-    """Python's and torch's global RNGs: a distinct, repeatable seed per rank, before any actor
-    starts (a worker host's processes: `forge.controller.hosts`)."""
-    if seed is None:
-        return
-    import torch
-
-    random.seed(seed + rank)
-    torch.manual_seed(seed + rank)

@@ -7,7 +7,10 @@ A random policy of torchtitan's `size` flavor is exported twice (seeds 0 and 1);
 starts on the first, samples, loads the second as version 1 (the samples' versions say so and
 their logprobs must be the trainer's under it), then loads the first again as version 2: with
 the same seed it must sample exactly what it sampled before the first update, which no partial
-or misplaced load across the TP ranks would give.
+or misplaced load across the TP ranks would give. Versions 1 and 3 are written into the engine's
+receive buffers, as the generator actor receives them (with TP > 1: shared host memory that
+each worker maps and reads); version 2 is a state dict on the GPU, which reaches the workers
+pickled. Version 3 is version 1 again: its load is the shared path's steady state.
 """
 
 from __future__ import annotations
@@ -81,13 +84,21 @@ def main() -> None:
     params = SamplingParams(n=4, temperature=1.0, max_tokens=32, seed=0)
     before = engine.generate(prompts, params)
 
-    def load(path: Path, version: int) -> None:
-        weights = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).state_dict()
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        asyncio.run(engine.load_hf_state_dict_async({k: v.to(device) for k, v in weights.items()}, version))
-        rows.append((f"load version {version} s", f"{engine.last_load_seconds:.3f}"))
+    received = engine.hf_state_dict_template()
 
-    load(second, 1)
+    def load(path: Path, version: int, into_receive_buffers: bool) -> None:
+        weights = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).state_dict()
+        if into_receive_buffers:
+            for name, tensor in received.items():
+                tensor.copy_(weights[name])
+            state_dict, how = received, "from the receive buffers"
+        else:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            state_dict, how = {k: v.to(device) for k, v in weights.items()}, "a state dict elsewhere"
+        asyncio.run(engine.load_hf_state_dict_async(state_dict, version))
+        rows.append((f"load version {version} s, {how}", f"{engine.last_load_seconds:.3f}"))
+
+    load(second, 1, into_receive_buffers=True)
     version, updated = asyncio.run(engine.generate_async(prompts, params))
     rows.append(("version the samples after load 1 report", str(version)))
     rows.append(
@@ -97,11 +108,18 @@ def main() -> None:
         )
     )
     rows.append(("samples changed by version 1", str(updated != before)))
-    load(first, 2)
+    load(first, 2, into_receive_buffers=False)
     rows.append(
         (
             "version 2 (= version 0's weights) samples what version 0 sampled",
             str(engine.generate(prompts, params) == before),
+        )
+    )
+    load(second, 3, into_receive_buffers=True)
+    rows.append(
+        (
+            "version 3 (= version 1's weights) samples what version 1 sampled",
+            str(asyncio.run(engine.generate_async(prompts, params))[1] == updated),
         )
     )
     engine.close()

@@ -193,6 +193,33 @@ def test_update_in_place_between_requests(engine, models):
     assert engine.generate(PROMPTS, params) == before
 
 
+def _shared_buffers_mapped(worker) -> list[str]:
+    return list(worker.__dict__.get("_forge_shared_weights", {}))
+
+
+def test_an_update_received_in_the_shared_buffer_reaches_the_worker_as_places_in_it(engine, models):
+    """The receive buffers are views of one shared host buffer (what tensor-parallel workers map):
+    an update written there loads as where each tensor lies, the worker mapping the buffer by its
+    path and reading the weights from it; tensors elsewhere load as before."""
+    _, initial, other = models
+    params = SamplingParams(n=2, temperature=0.8, max_tokens=40, seed=7)
+    received = engine.hf_state_dict_template()
+    shared = engine._shared
+    assert shared.placed(list(received.items())) is not None
+    assert shared.placed([("model.norm.weight", torch.ones(64))]) is None
+    for name, p in other.named_parameters():
+        received[name].copy_(p.detach())
+    engine.load_hf_state_dict(received)
+    assert engine._llm.collective_rpc(_shared_buffers_mapped) == [[shared.path]]
+    assert_parity(other, PROMPTS, engine.generate(PROMPTS, params), params.temperature)
+
+    # The next version in the same buffers: the worker reads the new values through its mapping.
+    for name, p in initial.named_parameters():
+        received[name].copy_(p.detach())
+    engine.load_hf_state_dict(received)
+    assert_parity(initial, PROMPTS, engine.generate(PROMPTS, params), params.temperature)
+
+
 def test_bad_state_dicts_and_lengths_name_the_problem(engine, models):
     _, model, _ = models
     weights = {name: p.detach().clone() for name, p in model.named_parameters()}

@@ -76,7 +76,7 @@ from forge.engines.vllm_config import (
     vllm_version,
 )
 from forge.engines.vllm_requests import Batch, settle
-from forge.engines.vllm_weights import loads_in_process, weight_loader
+from forge.engines.vllm_weights import SharedWeights, loads_in_process, weight_loader
 
 logger = logging.getLogger(__name__)
 
@@ -200,8 +200,15 @@ class VLLMEngine(ConcurrentGenerationEngine):
         except BaseException as e:
             self._started.set_exception(e)
             return
+        self._shared = None
+        if not loads_in_process(self.on_gpu, self.config.tensor_parallel_size) and SharedWeights.available():
+            self._shared = SharedWeights(self._layout.template(self.dtype, "meta"))
         self._load = weight_loader(
-            self._llm, self.on_gpu, self.config.tensor_parallel_size, f"{self.key}: vLLM weight updates"
+            self._llm,
+            self.on_gpu,
+            self.config.tensor_parallel_size,
+            f"{self.key}: vLLM weight updates",
+            self._shared,
         )
         self._started.set_result(self._llm.llm_engine.model_config.max_model_len)
         running: dict[str, tuple[Batch, int]] = {}
@@ -397,11 +404,13 @@ class VLLMEngine(ConcurrentGenerationEngine):
     def receive_device(self) -> torch.device:
         # Beside vLLM's parameters when they are in this process: a received version then moves
         # device to device (slot to buffers, buffers to parameters), not down to the host and
-        # back. Workers in other processes (tensor parallel) get the update pickled.
+        # back. Workers in other processes (tensor parallel) read it from shared host memory.
         in_process = loads_in_process(self.on_gpu, self.config.tensor_parallel_size)
         return torch.device("cuda" if in_process else "cpu")
 
     def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
+        if self._shared is not None:  # the one receive buffer the workers map (vllm_weights)
+            return dict(self._shared.tensors)
         return self._layout.template(self.dtype, self.receive_device)
 
     def hf_weight_shapes(self) -> dict[str, torch.Size]:

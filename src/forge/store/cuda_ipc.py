@@ -198,10 +198,7 @@ class IpcPublisher:
     def _allocate(self, nbytes: int) -> tuple[torch.Tensor, tuple | str]:
         """A slot buffer and how another process opens it (CUDA IPC args, or a /proc path)."""
         if self.device.type == "cpu":
-            fd = os.memfd_create("forge-weights")  # freed with the last process that maps it
-            os.ftruncate(fd, nbytes)
-            path = f"/proc/{os.getpid()}/fd/{fd}"
-            return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), path
+            return shared_host_buffer(nbytes, "forge-weights")
         from torch.multiprocessing.reductions import reduce_tensor
 
         buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
@@ -246,10 +243,7 @@ class IpcReceiver:
 
         if handle.host_path:
             if handle.host_path not in self._opened:
-                nbytes = handle.layout.nbytes
-                self._opened[handle.host_path] = torch.from_file(
-                    handle.host_path, shared=True, size=nbytes, dtype=torch.uint8
-                )
+                self._opened[handle.host_path] = open_host_buffer(handle.host_path, handle.layout.nbytes)
             return self._opened[handle.host_path]
         # The allocation's cudaIpcMemHandle and the storage's offset in it: small slots can
         # share one cudaMalloc segment (PyTorch's caching allocator), so the handle alone is
@@ -307,6 +301,21 @@ class IpcReceiver:
             raise StaleSlotError(
                 f"weight version {version}'s staging slot now holds {'a write in progress' if found < 0 else f'version {found}'}"
             )
+
+
+def shared_host_buffer(nbytes: int, name: str) -> tuple[torch.Tensor, str]:
+    """A byte buffer in anonymous shared memory (memfd, Linux) and the path another process of
+    this host opens it by (`open_host_buffer`). Its pages exist once written, and it is freed
+    with the last process that maps it, however that process ends."""
+    fd = os.memfd_create(name)
+    os.ftruncate(fd, nbytes)
+    path = f"/proc/{os.getpid()}/fd/{fd}"
+    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), path
+
+
+def open_host_buffer(path: str, nbytes: int) -> torch.Tensor:
+    """Maps the `shared_host_buffer` at `path` (its memory, not a copy)."""
+    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
 
 
 def _local_index(device_uuid: str) -> int:

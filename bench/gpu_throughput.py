@@ -28,7 +28,8 @@ Columns, means over the steps after the second (the first two include warm-up):
 - wait batch / sync wait: what the training loop waited for per step (a batch; its weight
   publish); load ms: vLLM's in-place load of a version; ready ms: from the trainer starting
   a publish to the generator sampling with it (one host: the CUDA IPC handle carries the time),
-  over the replicas; last ready ms: the same for the last replica to be ready;
+  over the replicas; last ready ms: the same for the last replica to be ready; ready ms by
+  replica: each replica's (replica 0 first);
   these three are medians (the second version's load also checks the copy plan, once);
 - sync MB: the bytes a weight publish moved (with LoRA: the adapters alone); merge ms: with
   `generator.lora_sync=merge`, the generator's merge of a version into its weights (before the load);
@@ -284,6 +285,10 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int) ->
         return of(values) if values else float("nan")
 
     step_s = over_steps("grpo/step_s")
+    replicas = sorted(
+        {k for r in timed for k in r if k.startswith("generator/replica_")},
+        key=lambda k: int(k.split("/")[1].removeprefix("replica_")),
+    )
     generated = sum(r.get("generator/generated_tokens", 0) for r in rows)
     in_vain = sum(r.get("buffer/evicted_stale_tokens", 0) for r in rows)
     previous = next((r for r in rows if r["step"] == timed_from - 1), rows[0])
@@ -299,6 +304,7 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int) ->
         "load ms": over_steps("generator/weight_load_ms", statistics.median),
         "ready ms": over_steps("generator/publish_to_ready_ms", statistics.median),
         "last ready ms": over_steps("generator/publish_to_ready_max_ms", statistics.median),
+        "ready ms by replica": " / ".join(f"{over_steps(k, statistics.median):.0f}" for k in replicas) or "-",
         "sleep+wake ms": over_steps("generator/sleep_ms") + over_steps("generator/wake_ms"),
         # What a publish moved (the adapters alone with LoRA) and, merging on arrival, the merge.
         "sync MB": over_steps("weight_sync/publish_bytes") / 1e6,

@@ -58,6 +58,16 @@ def check_every_step(out: Path, history: dict, steps: int) -> list[dict]:
         assert ready and all(
             r["generator/publish_to_ready_max_ms"] >= r["generator/publish_to_ready_ms"] > 0 for r in ready
         )
+        # And each replica's, every one of them in the run, none above the last replica's.
+        by_replica = {
+            key: (row[key], row["generator/publish_to_ready_max_ms"])
+            for row in ready
+            for key in row
+            if key.startswith("generator/replica_")
+        }
+        replicas = config["generator"].get("replicas", 1)
+        assert {key.split("/")[1] for key in by_replica} == {f"replica_{i}" for i in range(replicas)}
+        assert all(0 < value <= last for value, last in by_replica.values())
     # Shutdown stopped every actor process.
     assert children_left(15) == []
     return rows

@@ -310,8 +310,12 @@ class Generator(ForgeActor):
         if (published_at := self._puller.last_published_at) is not None:  # one host: one clock
             ready_ms = (time.time() - published_at) * 1e3
             record_metric("generator/publish_to_ready_ms", ready_ms, Reduce.MEAN)
-            # With replicas: the last one to be ready, which is what the next rollouts wait for.
+            # With replicas: the last one to be ready, which is what the next rollouts wait for,
+            # and each one's.
             record_metric("generator/publish_to_ready_max_ms", ready_ms, Reduce.MAX)
+            record_metric(
+                f"generator/replica_{self.replica_index}/publish_to_ready_ms", ready_ms, Reduce.MEAN
+            )
         record_metric(
             "generator/weight_sync_bytes",
             sum(t.numel() * t.element_size() for t in self._weights.values()),

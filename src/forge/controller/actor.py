@@ -36,6 +36,9 @@ class ForgeActor(Actor):
     gpu_group: str | None = None
     num_replicas: int = 1
     mesh_name: str | None = None
+    # Which replica of its service this actor is (a replacement keeps the index; a lone actor
+    # is replica 0): set before `setup`, for what an actor reports per replica.
+    replica_index: int = 0
 
     # Monarch refuses classes that mix sync and async endpoints: keep every endpoint async.
     @endpoint
@@ -50,6 +53,10 @@ class ForgeActor(Actor):
         """When the actor stops (its process exits next): a subclass that overrides this calls
         it last."""
         mesh_process.prepare_exit()
+
+    @endpoint
+    async def assign_replica(self, index: int) -> None:
+        self.replica_index = index
 
     @endpoint
     async def process(self) -> tuple[str, int]:

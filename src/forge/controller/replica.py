@@ -58,6 +58,7 @@ async def launch(actor_cls, index: int, name: str, args: tuple, kwargs: dict) ->
     mesh = await provisioner.get_proc_mesh(name=name, for_forge_actor=True, **actor_cls._placement())
     try:
         actor = mesh.spawn(name, actor_cls._actor_class(), *args, **kwargs)
+        await actor.assign_replica.call(index)
         await actor.setup.call()
         processes = list((await actor.process.call()).values())
         provisioner.note_processes(mesh, processes)

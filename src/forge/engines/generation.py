@@ -151,9 +151,10 @@ class GenerationEngine(ABC):
 
     @abstractmethod
     def hf_state_dict_template(self) -> dict[str, torch.Tensor]:
-        """Newly allocated, uninitialized tensors with the HF names, shapes, dtypes and device
-        that ``load_hf_state_dict`` expects. Weight sync allocates them once, receives every
-        version into them, then calls ``load_hf_state_dict``."""
+        """Uninitialized tensors with the HF names, shapes, dtypes and device that
+        ``load_hf_state_dict`` expects, newly allocated (vLLM with its model in other processes:
+        views of its one shared receive buffer, the same at every call). Weight sync takes them
+        once, receives every version into them, then calls ``load_hf_state_dict``."""
 
     @abstractmethod
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:

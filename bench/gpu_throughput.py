@@ -89,10 +89,11 @@ VARIANTS = {
 
 
 # How a run spreads over the first N GPUs of the machine: (N, trainer ranks, generator replicas,
-# replicas per generator GPU, colocated). Each step's prompts are split over the replicas
-# (`placement_overrides`). `xK`: K replicas share each generator GPU, each with up to 80% / K
-# of its memory (one vLLM loop keeps an H100 about half busy at 0.6B). With 6 replicas a step
-# has 60 prompts, not 64 (each replica 10).
+# replicas per generator GPU, colocated[, vLLM tensor-parallel size]). Each step's prompts are
+# split over the replicas (`placement_overrides`). `xK`: K replicas share each generator GPU,
+# each with up to 80% / K of its memory (one vLLM loop keeps an H100 about half busy at 0.6B).
+# With 6 replicas a step has 60 prompts, not 64 (each replica 10). `tpT`: each replica is one
+# vLLM over T GPUs, against as many replicas of one GPU each (issue 28: "measured both ways").
 PLACEMENTS = {
     "1gpu": (1, 1, 1, 1, True),
     "1gpu-x2": (1, 1, 2, 2, True),
@@ -107,13 +108,16 @@ PLACEMENTS = {
     # At 0.6B two FSDP trainer GPUs idle half a step beside two saturated generator GPUs
     # (bench/RESULTS.md, seventh session): one trainer GPU, three generators (63 prompts a step).
     "4gpu-disaggregated-1+3": (4, 1, 3, 1, False),
+    "2gpu-colocated-tp2": (2, 2, 1, 1, True, 2),
+    "4gpu-colocated-tp2": (4, 4, 2, 1, True, 2),
+    "4gpu-disaggregated-tp2": (4, 2, 1, 1, False, 2),
 }
 
 
 def placement_overrides(name: str, step_prompts: int, variant: list[str]) -> tuple[int, list[str]]:
     """The GPUs and overrides of placement `name`: every replica generates its share of each
     step's prompts, in as many rollout threads as the variant gives one generator."""
-    gpus, procs, replicas, per_gpu, colocate = PLACEMENTS[name]
+    gpus, procs, replicas, per_gpu, colocate, *tp = PLACEMENTS[name]
     threads = next((int(o.split("=")[1]) for o in variant if o.startswith("rollout.threads=")), 2)
     shared = [
         f"generator.replicas_per_gpu={per_gpu}",
@@ -126,6 +130,7 @@ def placement_overrides(name: str, step_prompts: int, variant: list[str]) -> tup
         f"rollout.prompts_per_step={step_prompts // replicas}",
         f"rollout.threads={threads * replicas}",
         *(shared if per_gpu > 1 else []),
+        *(f"generator.vllm.tensor_parallel_size={size}" for size in tp),
     ]
 
 

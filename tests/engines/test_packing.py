@@ -117,5 +117,7 @@ def test_a_compiled_model_trains_packed_rows_as_the_eager_one():
         )
     )
     metrics = [e.train_step(batch, loss) for e in (eager, compiled)]
-    assert metrics[1]["train/loss"] == pytest.approx(metrics[0]["train/loss"], rel=1e-5)
+    # The loss is a sum of terms that nearly cancel (advantages of mean zero): its rounding is the
+    # terms' (about 1e-9 here, with the CPU's own vector width), not its own small value's.
+    assert metrics[1]["train/loss"] == pytest.approx(metrics[0]["train/loss"], rel=1e-5, abs=1e-8)
     assert metrics[1]["train/grad_norm"] == pytest.approx(metrics[0]["train/grad_norm"], rel=1e-4)

@@ -56,6 +56,9 @@ AGE0 = ["replay_buffer.max_policy_age=0", "rollout.threads=1"]
 AGE1 = ["replay_buffer.max_policy_age=1", "rollout.threads=2"]
 # Three steps' batches in flight: what keeps 4 replicas of a quarter of a step each busy.
 AGE2 = ["replay_buffer.max_policy_age=2", "rollout.threads=3"]
+# Five: with 1,024-token responses a replica's decode steps are host work whatever its batch
+# (bench/RESULTS.md, eleventh session), so more sequences in flight are the lever left.
+AGE4 = ["replay_buffer.max_policy_age=4", "rollout.threads=5"]
 LORA = [
     "trainer.engine.lora.rank=32",
     "trainer.engine.lora.alpha=64",
@@ -68,6 +71,7 @@ VARIANTS = {
     "age1-drain": AGE1 + ["generator.update_mode=drain"],
     "age1-in_flight": AGE1 + ["generator.update_mode=in_flight"],
     "age2-drain": AGE2 + ["generator.update_mode=drain"],
+    "age4-drain": AGE4 + ["generator.update_mode=drain"],
     # Within TRL's peak memory (55.9 GiB on an H200): activation checkpointing, a smaller
     # micro-batch and KV cache.
     "age1-in_flight-lowmem": AGE1

@@ -29,11 +29,9 @@ from collections.abc import Callable
 import torch
 
 from forge.engines.copy_plan import ReplayedLoader
-from forge.store.cuda_ipc import FlatLayout, open_host_buffer, shared_host_buffer
+from forge.store.cuda_ipc import FlatLayout, TensorSpec, open_host_buffer, shared_host_buffer
 
 Weights = list[tuple[str, torch.Tensor]]
-# Where a tensor lies in a `SharedWeights` buffer: (name, byte offset, shape, dtype).
-Placed = tuple[str, int, tuple[int, ...], torch.dtype]
 
 
 class SharedWeights:
@@ -49,19 +47,20 @@ class SharedWeights:
     def available() -> bool:
         return hasattr(os, "memfd_create")
 
-    def placed(self, weights: Weights) -> list[Placed] | None:
-        """Where each of `weights` lies in the buffer, or None when one lies elsewhere."""
+    def placed(self, weights: Weights) -> FlatLayout | None:
+        """Where each of `weights` lies in the buffer (an alias beside its primary), or None when
+        one lies elsewhere."""
         start = self.buffer.data_ptr()
         end = start + self.layout.nbytes
-        placed = []
+        specs = []
         for name, tensor in weights:
             first = tensor.data_ptr()
             if tensor.device.type != "cpu" or not tensor.is_contiguous():
                 return None
             if not start <= first <= first + tensor.numel() * tensor.element_size() <= end:
                 return None
-            placed.append((name, first - start, tuple(tensor.shape), tensor.dtype))
-        return placed
+            specs.append(TensorSpec(name, tuple(tensor.shape), tensor.dtype, first - start))
+        return FlatLayout(tuple(specs), self.layout.nbytes)
 
 
 def loads_in_process(on_gpu: bool, tensor_parallel_size: int) -> bool:
@@ -90,26 +89,15 @@ def _rpc(
     if placed is None:
         llm.collective_rpc(load, args=(weights,))
     else:
-        llm.collective_rpc(_load_shared, args=(load, shared.path, shared.layout.nbytes, placed))
+        llm.collective_rpc(_load_shared, args=(load, shared.path, placed))
 
 
-def _load_shared(worker, load, path: str, nbytes: int, placed: list[Placed]) -> None:
+def _load_shared(worker, load, path: str, placed: FlatLayout) -> None:
     """Runs on vLLM's worker: `load`s the update from the shared buffer at `path` (mapped once)."""
     buffers = worker.__dict__.setdefault("_forge_shared_weights", {})
     if path not in buffers:
-        buffers[path] = open_host_buffer(path, nbytes)
-    buffer = buffers[path]
-    load(
-        worker,
-        [
-            (name, buffer[offset : offset + _nbytes(shape, dtype)].view(dtype).view(shape))
-            for name, offset, shape, dtype in placed
-        ],
-    )
-
-
-def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    return torch.Size(shape).numel() * dtype.itemsize
+        buffers[path] = open_host_buffer(path, placed.nbytes)
+    load(worker, list(placed.views(buffers[path]).items()))
 
 
 def _model(worker) -> torch.nn.Module:

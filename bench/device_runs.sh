@@ -20,12 +20,16 @@
 #               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, VARIANT (age1-drain), STEPS steps (6)
 #               timed from step TIMED_FROM (3); results.json and each run's metrics to OUT_DIR
 #   vllm_tp TP  vLLM with tensor_parallel_size=TP: generation, updates, parity (bench/vllm_tp_check.py)
+#   broadcast SENDERS RECEIVERS GB
+#               the broadcast weight transport over NCCL, a process per GPU: versions of GB GB
+#               (3.4: Qwen3-1.7B in bf16; 16.4: Qwen3-8B), a receiver killed mid-transfer and
+#               its replacement (bench/broadcast_check.py)
 #   fsdp        trainer.procs=2, generator colocated, KL on; losses against one GPU's on the
 #               same batches (bench/fsdp_parity.py)
 #   demo        configs/grpo/gpu_demo.yaml, trainer on GPU 0 and generator on GPU 1
 #   qwen17 [override ...]  configs/grpo/qwen3_1_7b.yaml as shipped (trainer and generator on a GPU each), a random 1.7B policy, 10 steps
 set -uo pipefail
-run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|vllm_tp|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
+run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|vllm_tp|broadcast|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
 out=${2:?usage: bench/device_runs.sh RUN OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -77,6 +81,7 @@ case $run in
         done
         exit $status ;;
     vllm_tp) "$PYTHON" bench/vllm_tp_check.py --out /tmp/vllm_tp --size 0.6B --tp "${1:-2}" ;;
+    broadcast) "$PYTHON" bench/broadcast_check.py --senders "${1:-2}" --receivers "${2:-2}" --gb "${3:-3.4}" ;;
     fsdp) "$PYTHON" bench/fsdp_parity.py --out "$out/fsdp" --procs 2 && cp "$out/fsdp/losses.json" "$out/" ;;
     demo) bash bench/gpu_demo.sh "$out/demo" provisioner.colocate=false ;;
     qwen17)

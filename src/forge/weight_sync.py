@@ -18,6 +18,10 @@ change with it:
   every rank stages its own rows in its own slots (`stage_rows`), the first rank stores the
   version's handle of all of them (`publish_parts`), and each generator copies every rank's
   rows into place (`forge.store.cuda_ipc.PartsHandle`).
+- `BroadcastTransport`: for generators that cannot map the trainer's memory (another host):
+  every trainer rank broadcasts its own rows to every replica at once, NCCL on GPUs and gloo on
+  CPU, in groups that are formed again when a replica dies or is replaced
+  (`forge.store.broadcast`); the store holds only the rendezvous's address.
 
 With LoRA the trainer publishes its adapters alone (`forge.engines.lora_sync`): the same
 versions, keys and checksums, a few tens of MB where the model is GBs.
@@ -55,6 +59,10 @@ class WeightMismatchError(RuntimeError):
 
 
 class Transport(Protocol):
+    async def ready(self) -> None:
+        """Before each use: sets up what the transport needs the first time, and on a trainer
+        waits until a new version can be staged (`stage` itself must not wait)."""
+
     def stage(self, version: int, state_dict: dict[str, torch.Tensor]) -> Any:
         """Copies the weights aside now (the trainer changes them next); returns what `put` sends."""
 
@@ -73,6 +81,9 @@ class StoreTransport:
 
     def __init__(self) -> None:
         self._snapshot: dict[str, torch.Tensor] | None = None
+
+    async def ready(self) -> None:
+        """Always: the store is the program's, and staging copies into a snapshot of its own."""
 
     def stage(self, version: int, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self._snapshot is None:
@@ -120,6 +131,10 @@ class IpcTransport:
         self._publisher = IpcPublisher(device, slots=slots)
         self._receiver = IpcReceiver()
 
+    async def ready(self) -> None:
+        """Always: slots are made on the first publish, opened on the first read, and a slot
+        still read when it is reused fails that read (`StaleSlotError`), not the publish."""
+
     def stage(self, version: int, state_dict: dict[str, torch.Tensor]):
         from forge.store.cuda_ipc import PartsHandle
 
@@ -130,6 +145,12 @@ class IpcTransport:
         from forge.store.cuda_ipc import RowsHandle
 
         return RowsHandle(self._publisher.publish(version, tensors), first_rows)
+
+    def parts(self, version: int, handles: list) -> Any:
+        """What `put` takes for a version every rank staged its rows of (`stage_rows`)."""
+        from forge.store.cuda_ipc import PartsHandle
+
+        return PartsHandle(version, tuple(handles))
 
     def nbytes(self, staged) -> int:
         return staged.nbytes
@@ -154,6 +175,102 @@ class IpcTransport:
         return await store.versions(self.PREFIX)
 
 
+class BroadcastTransport:
+    """Each trainer rank broadcasts its rows of every version to every generator replica
+    (`forge.store.broadcast`): NCCL on GPUs, gloo on CPU; any placement, several hosts
+    included. The first trainer rank serves the groups' rendezvous; the store holds its address.
+    A generator keeps the newest version received in a buffer of its own and copies from it."""
+
+    PREFIX = "policy_broadcast"
+
+    def __init__(self, rank: int = 0, replica: int | None = None, timeout_s: float = 60.0) -> None:
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
+        self.rank = rank  # of the trainer, when this is a trainer rank
+        self.replica = replica  # of the generator, when this is a generator replica
+        self.timeout_s = timeout_s
+        self._sender = None
+        self._receiver = None
+        self._published: list[int] = []
+
+    async def ready(self) -> None:
+        """A trainer rank starts its sender the first time (the first rank serves the
+        rendezvous), then waits until its last version is sent; a generator starts receiving
+        once the trainer has published the rendezvous's address (until then it has nothing)."""
+        await self._connect()
+        if self._sender is not None:
+            await asyncio.to_thread(self._sender.wait_sent)
+
+    async def _connect(self) -> None:
+        from forge.store.broadcast import BroadcastReceiver, BroadcastSender, Rendezvous, this_host
+
+        if self.replica is None and self._sender is None:
+            if self.rank == 0:
+                rendezvous = Rendezvous(this_host(), 0, serve=True, timeout_s=self.timeout_s)
+                await store.put_object(0, list(rendezvous.address), self.PREFIX)
+            else:
+                rendezvous = Rendezvous(
+                    *await self._address(wait_s=self.timeout_s), serve=False, timeout_s=self.timeout_s
+                )
+            self._sender = BroadcastSender(rendezvous, self.rank, self.device, self.timeout_s)
+        elif self.replica is not None and self._receiver is None:
+            address = await self._address(wait_s=0)
+            if address is not None:
+                rendezvous = Rendezvous(*address, serve=False, timeout_s=self.timeout_s)
+                self._receiver = BroadcastReceiver(rendezvous, self.replica, self.device, self.timeout_s)
+
+    async def _address(self, wait_s: float) -> tuple[str, int] | None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return tuple(await store.get_object(0, self.PREFIX))
+            except store.VersionNotFoundError:
+                if time.monotonic() >= deadline:
+                    if wait_s:
+                        raise TimeoutError(
+                            f"the first trainer rank did not publish the broadcast rendezvous within {wait_s:.0f} s"
+                        ) from None
+                    return None
+                await asyncio.sleep(0.05)
+
+    def stage(self, version: int, state_dict: dict[str, torch.Tensor]):
+        return self.parts(version, [self._sender.stage(version, state_dict, dict.fromkeys(state_dict, 0))])
+
+    def stage_rows(self, version: int, tensors: dict[str, torch.Tensor], first_rows: dict[str, int]) -> int:
+        return self._sender.stage(version, tensors, first_rows)
+
+    def parts(self, version: int, handles: list[int]) -> tuple[int, int]:
+        """Senders and bytes of a version staged on `len(handles)` ranks (`stage_rows`'s bytes)."""
+        return len(handles), sum(handles)
+
+    def nbytes(self, staged: tuple[int, int]) -> int:
+        return staged[1]
+
+    async def put(self, version: int, staged: tuple[int, int]) -> None:
+        self._sender.announce(version, senders=staged[0])
+        self._published.append(version)
+
+    async def get(self, version: int, into: dict[str, torch.Tensor]) -> float | None:
+        try:
+            return await asyncio.to_thread(self._receiver.copy_into, version, into)
+        except LookupError as e:  # a newer version replaced it meanwhile: read that one
+            raise store.VersionNotFoundError(str(e)) from None
+
+    async def delete(self, version: int) -> None:
+        self._published.remove(version)
+
+    async def versions(self) -> list[int]:
+        if self.replica is None:
+            return list(self._published)
+        if self._receiver is None:
+            return []
+        self._receiver.check()
+        return [] if self._receiver.version is None else [self._receiver.version]
+
+
 def resolve_transport(name: str, one_host: bool = True) -> str:
     """`auto` becomes `cuda_ipc` when this program has GPUs and its actors share one host,
     `shm` when they share one host without GPUs (on Linux), else `store`; other names stay."""
@@ -166,18 +283,20 @@ def resolve_transport(name: str, one_host: bool = True) -> str:
     return "shm" if hasattr(os, "memfd_create") else "store"
 
 
-def build_transport(name: str) -> Transport:
-    """The transport named `store`, `cuda_ipc` or `shm` (`generator.weight_transport`). Both
-    ends must build the same one, so `auto` is resolved only where both are known (the app,
-    with `resolve_transport`); an actor left at `auto` takes the store, which works anywhere
-    and is `TitanTrainer`'s default too."""
+def build_transport(name: str, rank: int = 0, replica: int | None = None) -> Transport:
+    """The transport named `store`, `cuda_ipc`, `shm` or `broadcast` (`generator.weight_transport`)
+    for trainer rank `rank`, or for generator replica `replica`. Both ends must build the same
+    one, so `auto` is resolved only where both are known (the app, with `resolve_transport`); an
+    actor left at `auto` takes the store, which works anywhere and is `TitanTrainer`'s default too."""
     if name in ("auto", "store"):
         return StoreTransport()
     if name == "cuda_ipc":
         return IpcTransport(torch.device("cuda", torch.cuda.current_device()))
     if name == "shm":
         return IpcTransport(torch.device("cpu"))
-    raise ValueError(f"unknown weight transport {name!r}: use 'store', 'cuda_ipc' or 'shm'")
+    if name == "broadcast":
+        return BroadcastTransport(rank, replica)
+    raise ValueError(f"unknown weight transport {name!r}: use 'store', 'cuda_ipc', 'shm' or 'broadcast'")
 
 
 def _nbytes(state_dict: dict[str, torch.Tensor]) -> int:
@@ -206,6 +325,7 @@ class WeightPublisher:
         """Copies `state_dict` now (the caller may change its tensors as soon as this returns)
         and stores it as `version` in the background."""
         await self.wait()
+        await self.transport.ready()
         started = time.perf_counter()
         staged = self.transport.stage(version, state_dict)
         record_metric("weight_sync/snapshot_s", time.perf_counter() - started, Reduce.MEAN)
@@ -216,8 +336,8 @@ class WeightPublisher:
     @property
     def publishes_rows(self) -> bool:
         """Whether each rank of a sharded trainer can publish its own rows (`stage_rows`): on one
-        host, where a reader maps every rank's slots."""
-        return isinstance(self.transport, IpcTransport)
+        host, where a reader maps every rank's slots, or where every rank broadcasts its own."""
+        return isinstance(self.transport, IpcTransport | BroadcastTransport)
 
     async def stage_rows(
         self, version: int, tensors: dict[str, torch.Tensor], first_rows: dict[str, int]
@@ -226,6 +346,7 @@ class WeightPublisher:
         they start) into its slot now. Returns what `publish_parts` takes on the first rank: the
         slot's handle and, in verify mode, these rows' share of the version's checksum."""
         await self.wait()
+        await self.transport.ready()
         started = time.perf_counter()
         handle = self.transport.stage_rows(version, tensors, first_rows)
         record_metric("weight_sync/snapshot_s", time.perf_counter() - started, Reduce.MEAN)
@@ -233,10 +354,8 @@ class WeightPublisher:
 
     async def publish_parts(self, version: int, parts: list[tuple[Any, int | None]]) -> None:
         """The first rank: stores as `version`, in the background, every rank's `stage_rows`."""
-        from forge.store.cuda_ipc import PartsHandle
-
         await self.wait()
-        staged = PartsHandle(version, tuple(handle for handle, _ in parts))
+        staged = self.transport.parts(version, [handle for handle, _ in parts])
         expected = sum(share for _, share in parts) if self.verify else None
         self._in_flight = asyncio.create_task(self._store(version, staged, expected))
 
@@ -296,12 +415,14 @@ class WeightPuller:
         await asyncio.sleep(self.poll_s)
 
     async def newest(self) -> int | None:
+        await self.transport.ready()
         published = await self.transport.versions()
         return published[-1] if published else None
 
     async def pull(self, version: int, into: dict[str, torch.Tensor]) -> None:
         """Loads exactly `version`, waiting for it to be published."""
         since = time.monotonic()
+        await self.transport.ready()
         while version not in (published := await self.transport.versions()):
             await self._wait(version, since, published)
         await self._load(version, into)

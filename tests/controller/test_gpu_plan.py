@@ -109,6 +109,22 @@ def test_disaggregated_reward_models_with_gpus_of_their_own_come_last():
             Machine(4),
             ["generator.vllm.tensor_parallel_size (3)", "16 attention heads"],
         ),
+        (
+            PlacementRequest(trainer_procs=2, generator_replicas=2, colocate=True, weight_broadcast=True),
+            Machine(2),
+            ["generator.weight_transport=broadcast", "GPU [0, 1]", "provisioner.colocate=false"],
+        ),
+        (
+            PlacementRequest(
+                trainer_procs=1,
+                generator_replicas=2,
+                generator_replicas_per_gpu=2,
+                colocate=False,
+                weight_broadcast=True,
+            ),
+            Machine(2),
+            ["GPU [1]", "replicas_per_gpu > 1"],
+        ),
     ],
 )
 def test_refusals_name_the_keys(request_, machine, keys):
@@ -116,6 +132,13 @@ def test_refusals_name_the_keys(request_, machine, keys):
         plan_gpus(request_, machine)
     for key in keys:
         assert key in str(refused.value)
+
+
+def test_broadcast_takes_a_gpu_per_trainer_rank_and_per_replica():
+    request = PlacementRequest(
+        trainer_procs=2, generator_replicas=1, generator_tp=2, colocate=False, weight_broadcast=True
+    )
+    assert slots(plan_gpus(request, Machine(4))) == ([0, 1], [[2, 3]])
 
 
 def test_tensor_parallelism_may_replicate_fewer_key_value_heads():

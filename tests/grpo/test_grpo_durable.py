@@ -107,7 +107,9 @@ def kill_one_generator_replica_and_stop_the_other(metrics: Path, faulted: list[i
 def test_faults_cost_nothing_and_the_run_checkpoints_and_exports(
     write_grpo_config, tiny_policy, tmp_path, rewards_module
 ):
-    """A hung reward, infinite rewards, a killed generator replica and a hung one, in one run."""
+    """A hung reward, infinite rewards, a killed generator replica and a hung one, in one run,
+    with the weights broadcast (gloo groups standing in for NCCL's): the transfers go on in new
+    groups without the dead and the hung, and each replacement receives the newest version."""
     hang, inf = f"{rewards_module}:hangs_once", f"{rewards_module}:inf_on_even_length"
     config = write_grpo_config(
         reward=f"{{timeout_s: 1.0, functions: [{{name: toy_task}}, {{name: '{hang}', weight: 0.0}}, "
@@ -124,6 +126,7 @@ def test_faults_cost_nothing_and_the_run_checkpoints_and_exports(
             str(config),
             "replay_buffer.max_size=8",
             "generator.replicas=2",
+            "generator.weight_transport=broadcast",
             "max_steps=5",
             *liveness,
         ]

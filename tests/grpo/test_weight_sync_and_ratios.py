@@ -1,7 +1,8 @@
 """Generator and trainer agree after a weight sync; stale episodes give real off-policy ratios.
 A sharded trainer publishes without gathering: two FSDP ranks (gloo) each put their own rows
-in their own shared-memory slots, and two generator replicas each assemble the whole version
-from both, checksummed against the trainer's, and then sample exactly the trainer's policy."""
+in their own shared-memory slots, or broadcast them (gloo groups standing in for NCCL's), and
+two generator replicas each assemble the whole version from both, checksummed against the
+trainer's, and then sample exactly the trainer's policy."""
 
 import asyncio
 
@@ -91,7 +92,8 @@ def test_parity_after_sync_and_off_policy_ratios(tiny_policy):
     asyncio.run(main())
 
 
-def test_two_fsdp_ranks_publish_their_rows_and_two_replicas_get_the_whole_policy(tiny_policy):
+@pytest.mark.parametrize("transport", ["shm", "broadcast"])
+def test_two_fsdp_ranks_publish_their_rows_and_two_replicas_get_the_whole_policy(tiny_policy, transport):
     engine = TitanEngineConfig.model_validate(
         {
             "model": {"flavor": "tiny", "hf_path": str(tiny_policy), "vocab_size": len(embedded_tokenizer())},
@@ -102,7 +104,7 @@ def test_two_fsdp_ranks_publish_their_rows_and_two_replicas_get_the_whole_policy
     )
     generator_config = GeneratorConfig(
         model_path=str(tiny_policy),
-        weight_transport="shm",
+        weight_transport=transport,
         verify_weights=True,
         sampling={"max_tokens": 6, "seed": 0},
     )
@@ -110,7 +112,7 @@ def test_two_fsdp_ranks_publish_their_rows_and_two_replicas_get_the_whole_policy
     async def main():
         await store.initialize()
         trainer = await TitanTrainer.options(procs=2).as_actor(
-            engine, GRPOLossConfig(), weight_transport="shm", verify_weights=True
+            engine, GRPOLossConfig(), weight_transport=transport, verify_weights=True
         )
         generators = await Generator.options(num_replicas=2).as_service(generator_config)
         try:
@@ -122,13 +124,13 @@ def test_two_fsdp_ranks_publish_their_rows_and_two_replicas_get_the_whole_policy
             )
             await trainer.push_weights.route(1)
             await trainer.wait_published.route()
-            # Version 1 is each rank's rows: the embedding's first half from rank 0, the rest from rank 1.
-            handle = await store.get_object(1, IpcTransport.PREFIX)
-            vocab = len(embedded_tokenizer())
-            assert [part.first_rows["model.embed_tokens.weight"] for part in handle.parts] == [
-                0,
-                -(-vocab // 2),
-            ]
+            if transport == "shm":  # version 1 is each rank's rows: the embedding's halves
+                handle = await store.get_object(1, IpcTransport.PREFIX)
+                vocab = len(embedded_tokenizer())
+                assert [part.first_rows["model.embed_tokens.weight"] for part in handle.parts] == [
+                    0,
+                    -(-vocab // 2),
+                ]
             # Each replica loads it, its checksum compared with the trainer's (a mismatch raises).
             await generators.update_weights.fanout(1)
             for replica_samples in await generators.generate.fanout(PROMPTS, n=4):

@@ -79,8 +79,9 @@ class GeneratorConfig(ForgeConfigModel):
     # one. Their memory shares (generator.vllm.gpu_memory_utilization) must fit the GPU together.
     replicas_per_gpu: int = Field(1, ge=1)
     # How new weights reach this generator (forge.weight_sync): auto is cuda_ipc when the run
-    # has GPUs, shm on CPU (trainer and generator on one host), store across hosts.
-    weight_transport: Literal["auto", "store", "cuda_ipc", "shm"] = "auto"
+    # has GPUs, shm on CPU (trainer and generator on one host), store across hosts; broadcast
+    # sends every trainer rank's rows to all replicas at once (NCCL; gloo on CPU), any placement.
+    weight_transport: Literal["auto", "store", "cuda_ipc", "shm", "broadcast"] = "auto"
     # Compare an exact checksum of every received version with the trainer's (costs one pass
     # over the weights on each side per sync; for debugging a transport).
     verify_weights: bool = False
@@ -225,7 +226,8 @@ class Generator(ForgeActor):
                 self.engine.receive_device,
             )
         self._puller = WeightPuller(
-            build_transport(self.cfg.weight_transport), verify=self.cfg.verify_weights
+            build_transport(self.cfg.weight_transport, replica=self.replica_index),
+            verify=self.cfg.verify_weights,
         )
         self._loading = asyncio.Lock()
         # A replica that replaces a dead one starts from the policy being trained, not model_path.

@@ -62,7 +62,9 @@ class TitanTrainer(EngineCheckpoints):
         self.loss_fn = loss_from_config(self.loss_config)
         self.rank = current_rank().rank
         self.publisher = WeightPublisher(
-            self.keep_weight_versions, build_transport(self.weight_transport), verify=self.verify_weights
+            self.keep_weight_versions,
+            build_transport(self.weight_transport, rank=self.rank),
+            verify=self.verify_weights,
         )
         self.profiler = StepProfiler(self.profile_step, self.profile_dir, f"trainer_rank{self.rank}")
 

@@ -84,6 +84,8 @@ class PlacementRequest:
     # Meshes with GPUs of their own, after the generators': what they are ("reward model judge",
     # "teacher") -> GPUs they take.
     own_gpus: dict[str, int] = field(default_factory=dict)
+    # generator.weight_transport=broadcast: every trainer rank and every replica in NCCL groups.
+    weight_broadcast: bool = False
 
 
 @dataclass
@@ -170,7 +172,23 @@ def plan_gpus(request: PlacementRequest, machine: Machine) -> GpuPlan:
             next_free += count
     plan = GpuPlan({TRAINER_GROUP: [trainer], GENERATOR_GROUP: generators}, r.colocate, machine, own_gpus)
     _check_memory(r, plan)
+    if r.weight_broadcast:
+        _check_broadcast(trainer, generators)
     return plan
+
+
+def _check_broadcast(trainer: list[int], generators: list[list[int]]) -> None:
+    """NCCL refuses two members of one group on one GPU, and each trainer rank's group holds
+    the rank and every replica (each receiving on the first GPU of its slot)."""
+    receivers = [slot[0] for slot in generators]
+    shared = sorted((set(trainer) & set(receivers)) | {g for g in receivers if receivers.count(g) > 1})
+    if shared:
+        raise PlacementError(
+            "generator.weight_transport=broadcast sends over NCCL groups of each trainer rank and every "
+            f"generator replica, which need a GPU each, but GPU {shared} would hold two of them "
+            "(provisioner.colocate=true, or generator.replicas_per_gpu > 1): on one host use "
+            "weight_transport=auto (CUDA IPC), or set provisioner.colocate=false and replicas_per_gpu=1"
+        )
 
 
 def _check_tensor_parallel(r: PlacementRequest) -> None:

@@ -67,6 +67,7 @@ def placement_request(cfg: GRPOConfig, settings: dict[str, Any]) -> PlacementReq
         trainer_gib=trainer_state_gib(cfg, settings) if cfg.trainer.enabled else None,
         attention_heads=(settings["num_attention_heads"], settings["num_key_value_heads"]),
         own_gpus=own,
+        weight_broadcast=cfg.generator.weight_transport == "broadcast",
     )
 
 

@@ -1,6 +1,7 @@
 """GRPO over two "hosts": two `python -m forge.worker` processes on localhost (different ports),
 with mutual TLS from a throwaway CA. The trainer (and the weight store's volume) runs on host 0,
-the generator on host 1, the other actors on host 0; weights cross through the store.
+the generator on host 1, the other actors on host 0; weights cross through the store, or are
+broadcast by the trainer (a gloo group over the hosts' addresses).
 
 The app runs as a subprocess, as a user would start it: it switches Monarch to the TLS
 transport, which a process can do only before Monarch starts in it.
@@ -59,9 +60,10 @@ def start_app(config, *overrides: str) -> subprocess.Popen:
     )
 
 
-def test_trainer_and_generator_on_two_hosts(write_grpo_config, tls, workers, tmp_path):
+@pytest.mark.parametrize("transport", ["auto", "broadcast"])
+def test_trainer_and_generator_on_two_hosts(write_grpo_config, tls, workers, tmp_path, transport):
     config = multihost_config(write_grpo_config, tls, [w.address for w in workers])
-    app = start_app(config)
+    app = start_app(config, f"generator.weight_transport={transport}")
     try:
         output = app.communicate(timeout=600)[0]
     finally:

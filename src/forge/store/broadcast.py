@@ -51,17 +51,20 @@ class TransferFailed(RuntimeError):
 
 
 def _layout_bytes(layout: FlatLayout, first_rows: dict[str, int]) -> bytes:
+    """A sender's part as JSON: its layout, the first row of each piece, and its host (a publish
+    time is comparable with a receiver's clock on the same host only)."""
     specs = [[s.name, list(s.shape), str(s.dtype).removeprefix("torch."), s.offset] for s in layout.specs]
-    return json.dumps({"nbytes": layout.nbytes, "specs": specs, "first_rows": first_rows}).encode()
+    fields = {"nbytes": layout.nbytes, "specs": specs, "first_rows": first_rows, "host": socket.gethostname()}
+    return json.dumps(fields).encode()
 
 
-def _layout_from(data: bytes) -> tuple[FlatLayout, dict[str, int]]:
+def _layout_from(data: bytes) -> tuple[FlatLayout, dict[str, int], str]:
     fields = json.loads(data)
     specs = tuple(
         TensorSpec(name, tuple(shape), getattr(torch, dtype), offset)
         for name, shape, dtype, offset in fields["specs"]
     )
-    return FlatLayout(specs, fields["nbytes"]), fields["first_rows"]
+    return FlatLayout(specs, fields["nbytes"]), fields["first_rows"], fields["host"]
 
 
 @contextlib.contextmanager
@@ -405,13 +408,14 @@ class BroadcastReceiver(_Worker):
         self._groups.abort()
 
     def copy_into(self, version: int, into: dict[str, torch.Tensor]) -> float | None:
-        """Copies `version` (each part into its rows of `into`); returns its publish time, or
-        raises LookupError when the buffers hold another version by now."""
+        """Copies `version` (each part into its rows of `into`); returns its publish time (None
+        from another host, whose clock may differ), or raises LookupError when the buffers hold
+        another version by now."""
         with self._lock:
             if self.version != version:
                 raise LookupError(f"weight version {version} is no longer held (now: {self.version})")
             self._check_tiles(into)
-            for buffer, (layout, first_rows) in zip(self._buffers, self._layouts, strict=True):
+            for buffer, (layout, first_rows, _) in zip(self._buffers, self._layouts, strict=True):
                 views = layout.views(buffer)
                 for spec in layout.specs:
                     target = into[spec.name]
@@ -423,7 +427,7 @@ class BroadcastReceiver(_Worker):
     def _check_tiles(self, into: dict[str, torch.Tensor]) -> None:
         """The parts' rows cover each tensor of `into` exactly, and no other name."""
         rows: dict[str, int] = {}
-        for layout, _ in self._layouts:
+        for layout, _, _ in self._layouts:
             for spec in layout.specs:
                 rows[spec.name] = rows.get(spec.name, 0) + (spec.shape[0] if spec.shape else 1)
         expected = {name: tensor.shape[0] if tensor.dim() else 1 for name, tensor in into.items()}
@@ -484,7 +488,8 @@ class BroadcastReceiver(_Worker):
                 published.append(published_us / 1e6)
             if len(versions) == 1:  # else a sender restaged meanwhile: the next transfer is whole
                 self._buffers, self._layouts = buffers, layouts
-                self.version, self.published_at = versions.pop(), min(published)
+                here = all(host == socket.gethostname() for _, _, host in layouts)
+                self.version, self.published_at = versions.pop(), min(published) if here else None
 
     def _buffer(self, sender: int, nbytes: int) -> torch.Tensor:
         while len(self._buffers) <= sender:

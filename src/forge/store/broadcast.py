@@ -117,19 +117,19 @@ class Rendezvous:
         return self.store.add(key, add)
 
     def group(self, epoch: int, sender: int, rank: int, size: int, device: torch.device):
-        """Sender `sender`'s group in `epoch` (the sender is rank 0 of it). Its own timeout is
-        past ours (`timeout_s`), so that we abort a stuck collective before its watchdog does."""
+        """Sender `sender`'s group in `epoch` (the sender is rank 0 of it). gloo's connections
+        wait `timeout_s` for every member; NCCL's own timeout is past it, so that a stuck
+        collective is aborted by us (`_Groups.broadcast`) before its watchdog acts."""
         prefixed = dist.PrefixStore(f"epoch{epoch}/sender{sender}/", self.store)
-        timeout = datetime.timedelta(seconds=self.timeout_s + 60)
         if device.type == "cuda":
             options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
+            options._timeout = datetime.timedelta(seconds=self.timeout_s + 60)
             # A dead member must fail the transfer, not this process: by default torch's
             # watchdog ends a process whose NCCL group saw an error. A group reads the setting
             # when it is made, so the trainer's own (FSDP) groups keep the default.
             with _environment(TORCH_NCCL_ASYNC_ERROR_HANDLING="0"):
                 return dist.ProcessGroupNCCL(prefixed, rank, size, options)
-        return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+        return dist.ProcessGroupGloo(prefixed, rank, size, datetime.timedelta(seconds=self.timeout_s))
 
 
 class _Worker:
@@ -171,7 +171,10 @@ class _Groups:
             self.abort()
             self.epoch = epoch
         if sender not in self._groups:
-            self._groups[sender] = self.rendezvous.group(epoch, sender, rank, size, self.device)
+            try:
+                self._groups[sender] = self.rendezvous.group(epoch, sender, rank, size, self.device)
+            except Exception as e:  # a member never connected (gloo connects here, NCCL later)
+                raise TransferFailed(f"epoch {epoch}: {e}") from e
         return self._groups[sender]
 
     def abort(self) -> None:

@@ -198,8 +198,8 @@ class BroadcastTransport:
 
     async def ready(self) -> None:
         """A trainer rank starts its sender the first time (the first rank serves the
-        rendezvous), then waits until its last version is sent; a generator starts receiving
-        once the trainer has published the rendezvous's address (until then it has nothing)."""
+        rendezvous), then waits for a send in progress; a generator starts receiving once the
+        trainer has published the rendezvous's address (until then it has nothing)."""
         await self._connect()
         if self._sender is not None:
             await asyncio.to_thread(self._sender.wait_sent)

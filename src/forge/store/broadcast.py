@@ -40,7 +40,7 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from forge.store.cuda_ipc import FlatLayout, TensorSpec
+from forge.store.cuda_ipc import FlatLayout, TensorSpec, check_tiles, rows_of
 
 _POLL_S = 0.01
 _HEADER = 4  # int64s: version, layout bytes, payload bytes, publish time (microseconds)
@@ -417,31 +417,12 @@ class BroadcastReceiver(_Worker):
         with self._lock:
             if self.version != version:
                 raise LookupError(f"weight version {version} is no longer held (now: {self.version})")
-            self._check_tiles(into)
+            check_tiles([(layout, first_rows) for layout, first_rows, _ in self._layouts], into)
             for buffer, (layout, first_rows, _) in zip(self._buffers, self._layouts, strict=True):
                 views = layout.views(buffer)
-                for spec in layout.specs:
-                    target = into[spec.name]
-                    if spec.shape:
-                        target = target.narrow(0, first_rows[spec.name], spec.shape[0])
-                    target.copy_(views[spec.name])
+                for name, target in rows_of(layout, first_rows, into).items():
+                    target.copy_(views[name])
             return self.published_at
-
-    def _check_tiles(self, into: dict[str, torch.Tensor]) -> None:
-        """The parts' rows cover each tensor of `into` exactly, and no other name."""
-        rows: dict[str, int] = {}
-        for layout, _, _ in self._layouts:
-            for spec in layout.specs:
-                rows[spec.name] = rows.get(spec.name, 0) + (spec.shape[0] if spec.shape else 1)
-        expected = {name: tensor.shape[0] if tensor.dim() else 1 for name, tensor in into.items()}
-        if rows != expected:
-            wrong = sorted(
-                name for name in rows.keys() | expected.keys() if rows.get(name) != expected.get(name)
-            )
-            raise ValueError(
-                f"the broadcast version's rows do not match the receive buffers at {wrong[:5]}: "
-                "the trainer publishes another model than this generator holds"
-            )
 
     def _run(self) -> None:
         while not self._stopped.is_set():

@@ -154,27 +154,41 @@ class PartsHandle:
         return sum(spec.nbytes for part in self.parts for spec in part.handle.layout.specs)
 
     def check_tiles(self, into: dict[str, torch.Tensor]) -> None:
-        """Raises unless the pieces cover each of `into`'s tensors row for row, once, and
-        nothing else."""
-        pieces: dict[str, list[tuple[int, int]]] = {}
-        for part in self.parts:
-            for spec in part.handle.layout.specs:
-                first = part.first_rows[spec.name]
-                pieces.setdefault(spec.name, []).append((first, first + (spec.shape[0] if spec.shape else 1)))
-        missing, unexpected = sorted(set(into) - set(pieces)), sorted(set(pieces) - set(into))
-        if missing or unexpected:
-            raise KeyError(
-                f"the published weights do not match the receiving state dict: missing from it "
-                f"{missing[:5]}, not published {unexpected[:5]}"
-            )
-        for name, spans in pieces.items():
-            rows = into[name].shape[0] if into[name].dim() else 1
-            covered = sorted(span for span in spans if span[0] != span[1])
-            ends = [0] + [end for _, end in covered]
-            if [start for start, _ in covered] != ends[:-1] or ends[-1] != rows:
-                raise ValueError(
-                    f"'{name}': the published pieces {covered} do not cover its {rows} rows once"
-                )
+        check_tiles([(part.handle.layout, part.first_rows) for part in self.parts], into)
+
+
+def check_tiles(parts: list[tuple[FlatLayout, dict[str, int]]], into: dict[str, torch.Tensor]) -> None:
+    """Raises unless the pieces of `parts` (each publisher's layout and the first row of each of
+    its pieces) cover each of `into`'s tensors row for row, once, and nothing else."""
+    pieces: dict[str, list[tuple[int, int]]] = {}
+    for layout, first_rows in parts:
+        for spec in layout.specs:
+            first = first_rows[spec.name]
+            pieces.setdefault(spec.name, []).append((first, first + (spec.shape[0] if spec.shape else 1)))
+    missing, unexpected = sorted(set(into) - set(pieces)), sorted(set(pieces) - set(into))
+    if missing or unexpected:
+        raise KeyError(
+            f"the published weights do not match the receiving state dict: missing from it "
+            f"{missing[:5]}, not published {unexpected[:5]}"
+        )
+    for name, spans in pieces.items():
+        rows = into[name].shape[0] if into[name].dim() else 1
+        covered = sorted(span for span in spans if span[0] != span[1])
+        ends = [0] + [end for _, end in covered]
+        if [start for start, _ in covered] != ends[:-1] or ends[-1] != rows:
+            raise ValueError(f"'{name}': the published pieces {covered} do not cover its {rows} rows once")
+
+
+def rows_of(
+    layout: FlatLayout, first_rows: dict[str, int], into: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The rows of `into`'s tensors that a piece laid out as `layout` fills (a scalar whole)."""
+    return {
+        spec.name: into[spec.name].narrow(0, first_rows[spec.name], spec.shape[0])
+        if spec.shape
+        else into[spec.name]
+        for spec in layout.specs
+    }
 
 
 class IpcPublisher:
@@ -264,13 +278,7 @@ class IpcReceiver:
         """
         handle.check_tiles(into)
         for part in handle.parts:
-            rows = {
-                spec.name: into[spec.name].narrow(0, part.first_rows[spec.name], spec.shape[0])
-                if spec.shape
-                else into[spec.name]
-                for spec in part.handle.layout.specs
-            }
-            self._receive_slot(part.handle, rows)
+            self._receive_slot(part.handle, rows_of(part.handle.layout, part.first_rows, into))
         return handle.nbytes
 
     def _receive_slot(self, handle: IpcHandle, into: dict[str, torch.Tensor]) -> None:

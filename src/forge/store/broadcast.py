@@ -230,7 +230,7 @@ class BroadcastSender(_Worker):
         self._cond = threading.Condition()
         self._buffer: torch.Tensor | None = None
         self._layout: bytes = b""
-        self._staged: tuple[int, float] | None = None  # version, publish time
+        self._staged: tuple[int, float, int] | None = None  # version, publish time, bytes
         self._sending = False
         # The coordinator's state: registrations read, the epoch in use, the newest announced.
         self._registrations_read = 0
@@ -263,7 +263,7 @@ class BroadcastSender(_Worker):
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             self._layout = _layout_bytes(layout, first_rows)
-            self._staged = (version, time.time())
+            self._staged = (version, time.time(), layout.nbytes)
             self._cond.notify_all()
         return layout.nbytes
 
@@ -354,9 +354,9 @@ class BroadcastSender(_Worker):
                 return
             self._sending = True
         try:
-            staged_version, published_at = self._staged
+            staged_version, published_at, nbytes = self._staged
             layout = torch.frombuffer(bytearray(self._layout), dtype=torch.uint8).to(self.device)
-            payload = self._buffer[: _layout_from(self._layout)[0].nbytes]
+            payload = self._buffer[:nbytes]
             header = torch.tensor(
                 [staged_version, layout.numel(), payload.numel(), int(published_at * 1e6)],
                 dtype=torch.int64,

@@ -80,6 +80,11 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="sampling: print where the host's time goes (cProfile), each setting",
     )
+    p.add_argument(
+        "--only",
+        default="",
+        help="sampling: the settings whose names contain one of these comma-separated words (all: empty)",
+    )
     p.add_argument("--table", action="store_true", help="print the table of --results and exit")
     args = p.parse_args()
     if args.tiny:
@@ -98,9 +103,12 @@ def record(args, part: str, what: str, value: float, unit: str) -> None:
 
 def setting(args) -> str:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    # VLLM_ENABLE_V1_MULTIPROCESSING=1 from the command line: vLLM's engine core in a process
+    # of its own (forge keeps it in the caller's, forge.engines.vllm_config.in_process).
+    core = "own process" if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1" else "in process"
     return (
         f"{device}, qwen3 {args.flavor}, {args.dtype}, {args.prompts} prompts x n={args.n}, "
-        f"prompt {args.prompt_len}, <= {args.max_tokens} new tokens"
+        f"prompt {args.prompt_len}, <= {args.max_tokens} new tokens, engine core {core}"
     )
 
 
@@ -218,7 +226,10 @@ def part_sampling(args, path: Path) -> None:
     # Qwen3's checkpoints pad 267 rows past the tokenizer's 151,669 tokens.
     padded_rows = {token: float("-inf") for token in range(vocab - min(267, vocab // 4), vocab)}
     llm.generate(batch, VLLMSamplingParams(n=args.n, max_tokens=8), use_tqdm=False)  # warm-up
+    only = [word for word in args.only.split(",") if word]
     for name, (seeded, logprobs, biased, gc_off) in SAMPLING_VARIANTS.items():
+        if only and not any(word in name for word in only):
+            continue
         params = VLLMSamplingParams(
             n=args.n,
             temperature=1.0,

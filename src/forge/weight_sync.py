@@ -273,7 +273,12 @@ class BroadcastTransport:
 
 def resolve_transport(name: str, one_host: bool = True) -> str:
     """`auto` becomes `cuda_ipc` when this program has GPUs and its actors share one host,
-    `shm` when they share one host without GPUs (on Linux), else `store`; other names stay."""
+    `shm` when they share one host without GPUs (on Linux), else `store`; other names stay.
+
+    Across hosts `auto` is the store, though `broadcast` is faster there: the store's traffic
+    goes over the mesh's channels (mutual TLS with `tls://` workers), while a broadcast opens a
+    rendezvous port on the first trainer rank's host and sends the weights unauthenticated and
+    unencrypted, which a run should choose for a network it trusts, not get by default."""
     if name != "auto":
         return name
     if not one_host:

@@ -18,7 +18,7 @@ from forge.data.types import Episode
 from forge.engines.titan.config import TitanEngineConfig
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses import GRPOLossConfig
-from forge.weight_sync import IpcTransport
+from forge.weight_transports import IpcTransport
 
 pytestmark = pytest.mark.slow
 

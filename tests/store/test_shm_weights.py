@@ -9,8 +9,9 @@ import os
 import pytest
 import torch
 
+from forge.fingerprint import checksum
 from forge.store.cuda_ipc import IpcPublisher, IpcReceiver, PartsHandle, RowsHandle, StaleSlotError
-from forge.weight_sync import checksum, resolve_transport
+from forge.weight_transports import resolve_transport
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="shm weights need Linux memfd")
 

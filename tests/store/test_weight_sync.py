@@ -7,15 +7,10 @@ import pytest
 import torch
 
 from forge import store
+from forge.fingerprint import checksum
 from forge.observability.collector import pop_state
-from forge.weight_sync import (
-    StoreTransport,
-    WeightMismatchError,
-    WeightPublisher,
-    WeightPuller,
-    build_transport,
-    checksum,
-)
+from forge.weight_sync import WeightMismatchError, WeightPublisher, WeightPuller
+from forge.weight_transports import StoreTransport, build_transport
 
 
 def weights(value: float) -> dict[str, torch.Tensor]:

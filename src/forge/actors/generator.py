@@ -50,7 +50,8 @@ from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams,
 from forge.engines.lora_sync import AdapterSync, LoraSyncMode, MergeOnArrival
 from forge.engines.vllm_config import UpdateMode, VLLMConfig
 from forge.observability import Reduce, record_metric
-from forge.weight_sync import WeightPuller, build_transport
+from forge.weight_sync import WeightPuller
+from forge.weight_transports import build_transport
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,10 @@ class GeneratorConfig(ForgeConfigModel):
     # (bench/RESULTS.md, issue 28), so two replicas of a small model fill one GPU better than
     # one. Their memory shares (generator.vllm.gpu_memory_utilization) must fit the GPU together.
     replicas_per_gpu: int = Field(1, ge=1)
-    # How new weights reach this generator (forge.weight_sync): auto is cuda_ipc when the run
-    # has GPUs, shm on CPU (trainer and generator on one host), store across hosts; broadcast
-    # sends every trainer rank's rows to all replicas at once (NCCL; gloo on CPU), any placement.
+    # How new weights reach this generator (forge.weight_transports): auto is cuda_ipc when the run
+    # has GPUs, shm on CPU (trainer and generator on one host), store across hosts (its traffic
+    # keeps the mesh's TLS); broadcast sends every trainer rank's rows to all replicas at once
+    # (NCCL; gloo on CPU), any placement, without TLS.
     weight_transport: Literal["auto", "store", "cuda_ipc", "shm", "broadcast"] = "auto"
     # Compare an exact checksum of every received version with the trainer's (costs one pass
     # over the weights on each side per sync; for debugging a transport).

@@ -27,7 +27,8 @@ from forge.observability import Reduce, record_metric
 from forge.observability.step_profiler import StepProfiler
 from forge.rl.batch import PolicyBatch
 from forge.rl.losses import LossConfig, loss_from_config
-from forge.weight_sync import WeightPublisher, build_transport
+from forge.weight_sync import WeightPublisher
+from forge.weight_transports import build_transport
 
 
 class TitanTrainer(EngineCheckpoints):

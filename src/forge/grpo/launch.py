@@ -34,7 +34,7 @@ from forge.rollout.groups import OneTurn
 from forge.rollout.records import RolloutRecorder, batches_path
 from forge.rollout.step import Rollouts
 from forge.runs.grpo_loops import GRPOActors
-from forge.weight_sync import resolve_transport
+from forge.weight_transports import resolve_transport
 
 
 def pad_id(tokenizer) -> int:

@@ -20,6 +20,11 @@
 #               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, VARIANT (age1-drain), STEPS steps (6)
 #               timed from step TIMED_FROM (3); results.json and each run's metrics to OUT_DIR
 #   vllm_tp TP  vLLM with tensor_parallel_size=TP: generation, updates, parity (bench/vllm_tp_check.py)
+#   engine_core SIZE [ARGS...]
+#               plain vLLM with its engine core in this process (forge's way) and in a process of
+#               its own (vLLM's serving default), one `bench/vllm_generate_bench.py --part sampling`
+#               each, at once on GPUs 0 and 1, GRPO's sampling and no logprobs, the trl preset's
+#               work for one replica; ARGS go to the bench (--tiny: a CPU dry run)
 #   broadcast SENDERS RECEIVERS GB
 #               the broadcast weight transport over NCCL, a process per GPU: versions of GB GB
 #               (3.4: Qwen3-1.7B in bf16; 16.4: Qwen3-8B), a receiver killed mid-transfer and
@@ -29,7 +34,7 @@
 #   demo        configs/grpo/gpu_demo.yaml, trainer on GPU 0 and generator on GPU 1
 #   qwen17 [override ...]  configs/grpo/qwen3_1_7b.yaml as shipped (trainer and generator on a GPU each), a random 1.7B policy, 10 steps
 set -uo pipefail
-run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|vllm_tp|broadcast|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
+run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|vllm_tp|engine_core|broadcast|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
 out=${2:?usage: bench/device_runs.sh RUN OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -81,6 +86,18 @@ case $run in
         done
         exit $status ;;
     vllm_tp) "$PYTHON" bench/vllm_tp_check.py --out /tmp/vllm_tp --size 0.6B --tp "${1:-2}" ;;
+    engine_core)
+        size=${1:?engine_core SIZE [ARGS...]}
+        shift
+        for multiprocessing in 0 1; do
+            CUDA_VISIBLE_DEVICES=$multiprocessing VLLM_ENABLE_V1_MULTIPROCESSING=$multiprocessing \
+                "$PYTHON" bench/vllm_generate_bench.py --part sampling --only "GRPO default,no logprobs" \
+                --flavor "$size" --prompts 64 --n 8 --max-tokens 256 --gpu-memory-utilization 0.4 \
+                --model-dir "/tmp/engine_core_model_$multiprocessing" --results "$out/core_$multiprocessing.jsonl" \
+                "$@" > "$out/core_$multiprocessing.log" 2>&1 &
+        done
+        wait
+        for multiprocessing in 0 1; do "$PYTHON" bench/vllm_generate_bench.py --table --results "$out/core_$multiprocessing.jsonl"; done ;;
     broadcast) "$PYTHON" bench/broadcast_check.py --senders "${1:-2}" --receivers "${2:-2}" --gb "${3:-3.4}" ;;
     fsdp) "$PYTHON" bench/fsdp_parity.py --out "$out/fsdp" --procs 2 && cp "$out/fsdp/losses.json" "$out/" ;;
     demo) bash bench/gpu_demo.sh "$out/demo" provisioner.colocate=false ;;

@@ -73,7 +73,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--hf-chunk", type=int, default=64, help="prompts per call of the hf engine")
-    p.add_argument("--model-dir", default="/tmp/forge_vllm_bench_model", help="made once, then reused")
+    p.add_argument(
+        "--model-dir",
+        help="made once, then reused (default: /tmp/forge_vllm_bench_model, or _tiny with --tiny)",
+    )
     p.add_argument("--results", default="/tmp/forge_vllm_bench.jsonl")
     p.add_argument(
         "--cprofile",
@@ -90,7 +93,10 @@ def parse_args() -> argparse.Namespace:
     if args.tiny:
         args.flavor, args.prompts, args.n, args.prompt_len, args.max_tokens = "tiny_hd32", 8, 2, 8, 16
         args.dtype, args.hf_chunk = "float32", 4
-        args.model_dir = str(Path(tempfile.gettempdir()) / "forge_vllm_bench_tiny")
+    tmp = Path(tempfile.gettempdir())
+    args.model_dir = args.model_dir or str(
+        tmp / ("forge_vllm_bench_tiny" if args.tiny else "forge_vllm_bench_model")
+    )
     return args
 
 

@@ -12,7 +12,9 @@ GPU machines), bf16, 256 prompts x n=8, up to 256 new tokens, temperature 1:
 - `sampling`: plain vLLM again, one `LLM`, what each sampling setting forge uses costs:
             per-request seeds (vLLM draws a seeded request's noise by itself, one kernel per
             request per step), logprobs, and the logit bias that keeps padded vocabulary rows
-            out of the samples; tokens/s and the GPU's busy share for each;
+            out of the samples; tokens/s and the GPU's busy share for each (`--only` picks
+            settings by name; with VLLM_ENABLE_V1_MULTIPROCESSING=1 in the environment vLLM's
+            engine core runs in a process of its own, as `device_runs.sh engine_core` compares);
 - `parity`: the trainer's bf16 weights (TitanEngine) loaded in place into a running
             VLLMEngine; max and mean |generator - trainer| logprob on its samples.
 

@@ -99,3 +99,17 @@ def test_a_lone_actor_that_misses_a_deadline_is_killed_and_named():
             await shutdown()
 
     asyncio.run(main())
+
+
+def test_a_mesh_that_does_not_stop_in_time_has_its_processes_killed():
+    async def main():
+        await init_provisioner(ProvisionerConfig(stop_timeout_s=2.0))
+        worker = await Worker.options(mesh_name="frozen").as_actor()
+        pid = await worker.pid.route()
+        stopped(pid)  # it can no longer exit when asked
+        started = asyncio.get_running_loop().time()
+        await shutdown()
+        assert asyncio.get_running_loop().time() - started < 15
+        await wait_until(lambda: gone(pid), 10, "the frozen process to be killed")
+
+    asyncio.run(main())

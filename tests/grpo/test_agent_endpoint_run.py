@@ -19,7 +19,9 @@ pytestmark = pytest.mark.slow
 
 SYNC = [
     "agent.function=agent_programs:misbehaving",
-    "agent.timeout_s=1",
+    # Long enough that a working episode never times out on a loaded 2-core machine (1 s did),
+    # short enough that the hanging rows cost little: each rollout waits this long for them.
+    "agent.timeout_s=4",
     "max_steps=2",
     "seed=5",
     "replay_buffer.max_policy_age=0",

@@ -40,7 +40,11 @@ def test_ctrl_c_stops_the_run_and_every_actor(write_grpo_config, tmp_path):
         actors = psutil.Process(app.pid).children(recursive=True)
         assert len(actors) >= 7  # every actor, the store and the logger run in processes of their own
         os.killpg(app.pid, signal.SIGINT)  # Ctrl-C: every process of the group
-        output = app.communicate(timeout=60)[0]
+        try:
+            output = app.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired as e:  # what it printed says where it hangs
+            printed = e.output.decode(errors="replace") if isinstance(e.output, bytes) else e.output or ""
+            raise AssertionError(f"no exit within 60 s of Ctrl-C:\n{printed[-3000:]}") from None
     finally:
         app.kill()
     assert app.returncode == 130, output[-2000:]

@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 class ProvisionerConfig(ForgeConfigModel):
     """How meshes are placed: on this host, or on the hosts of `hosts`."""
 
-    # Seconds to wait for a mesh to stop before giving up on it at shutdown.
+    # Seconds to wait for a mesh to stop before killing its processes (those on this host).
     stop_timeout_s: float = 30.0
     # Every model actor (trainer, generator, reference) on the same GPU(s): one-GPU runs. The
     # generator's KV cache and the trainer then split the GPU's memory (see generator config).
@@ -311,6 +311,14 @@ class Provisioner:
         supervision.stopped_on_purpose(record.name)
         try:
             await asyncio.wait_for(mesh.stop(), self.cfg.stop_timeout_s)
+        except TimeoutError:
+            # A process that does not exit when asked would outlive the program and hold its GPU.
+            logger.warning(
+                "mesh %s did not stop within %g s; killing its processes",
+                record.name,
+                self.cfg.stop_timeout_s,
+            )
+            kill_processes(record.processes, record.name)
         except Exception as e:  # a mesh whose process already died cannot stop cleanly
             logger.warning("mesh %s did not stop cleanly: %s", record.name, e)
 
@@ -324,9 +332,9 @@ class Provisioner:
 
     async def stop_supervisors(self) -> None:
         """Stops the services (their replicas with them): call it before stopping what their
-        replacements would need, such as the weight store."""
-        for stop in reversed(list(self._supervisors)):
-            await stop()
+        replacements would need, such as the weight store. At once: a service whose mesh takes
+        `stop_timeout_s` to give up must not hold up the others."""
+        await asyncio.gather(*(stop() for stop in list(self._supervisors)))
 
     async def shutdown(self) -> None:
         """Stops the supervisors (so that none replaces a replica as it stops), then every

@@ -19,7 +19,17 @@ def test_ctrl_c_stops_the_run_and_every_actor(write_grpo_config, tmp_path):
     # non-interactive shell would inherit it ignored), and the app leads a process group, as a
     # terminal's foreground job does.
     app = subprocess.Popen(
-        [sys.executable, "-m", "apps.grpo.main", "--config", str(config), "max_steps=100000"],
+        # faulthandler: a SIGABRT prints every thread's stack, for a run that does not stop.
+        [
+            sys.executable,
+            "-X",
+            "faulthandler",
+            "-m",
+            "apps.grpo.main",
+            "--config",
+            str(config),
+            "max_steps=100000",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -42,9 +52,8 @@ def test_ctrl_c_stops_the_run_and_every_actor(write_grpo_config, tmp_path):
         os.killpg(app.pid, signal.SIGINT)  # Ctrl-C: every process of the group
         try:
             output = app.communicate(timeout=60)[0]
-        except subprocess.TimeoutExpired as e:  # what it printed says where it hangs
-            printed = e.output.decode(errors="replace") if isinstance(e.output, bytes) else e.output or ""
-            raise AssertionError(f"no exit within 60 s of Ctrl-C:\n{printed[-3000:]}") from None
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"no exit within 60 s of Ctrl-C:\n{where_it_hangs(app)[-5000:]}") from None
     finally:
         app.kill()
     assert app.returncode == 130, output[-2000:]
@@ -52,3 +61,12 @@ def test_ctrl_c_stops_the_run_and_every_actor(write_grpo_config, tmp_path):
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
     _, alive = psutil.wait_procs(actors, timeout=15)
     assert alive == []
+
+
+def where_it_hangs(app: subprocess.Popen) -> str:
+    """What the app printed, then its threads' stacks (faulthandler's answer to SIGABRT)."""
+    app.send_signal(signal.SIGABRT)
+    try:
+        return app.communicate(timeout=15)[0]
+    except subprocess.TimeoutExpired as e:  # an actor process still holds the pipe open
+        return e.output.decode(errors="replace") if isinstance(e.output, bytes) else e.output or ""

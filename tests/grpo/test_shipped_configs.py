@@ -66,6 +66,9 @@ EXTRA = {
         # The one app run on vLLM also takes the generator's other way of loading weights:
         # in flight, by its background follower (the config's own drain is the default path).
         "generator.update_mode=in_flight",
+        # Compiling costs half a minute here; the qwen3_8b run compiles (FSDP over 2 ranks), and
+        # tests/engines/test_packing.py checks a compiled model against the eager one.
+        "trainer.engine.training.compile=false",
     ],
     "grpo/your_model_cpu.yaml": ["dataset.path={prompts}", "dataset.eval_path={prompts}"],
     # Its 4 trainer ranks and 4 vLLM replicas halved for 2 CPU cores: still an FSDP trainer, a

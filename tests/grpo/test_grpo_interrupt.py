@@ -53,7 +53,7 @@ def test_ctrl_c_stops_the_run_and_every_actor(write_grpo_config, tmp_path):
         try:
             output = app.communicate(timeout=60)[0]
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"no exit within 60 s of Ctrl-C:\n{where_it_hangs(app)[-5000:]}") from None
+            raise AssertionError(f"no exit within 60 s of Ctrl-C:\n{where_it_hangs(app)[-12000:]}") from None
     finally:
         app.kill()
     assert app.returncode == 130, output[-2000:]
@@ -64,7 +64,10 @@ def test_ctrl_c_stops_the_run_and_every_actor(write_grpo_config, tmp_path):
 
 
 def where_it_hangs(app: subprocess.Popen) -> str:
-    """What the app printed, then its threads' stacks (faulthandler's answer to SIGABRT)."""
+    """What the app printed, then its asyncio tasks' stacks (`forge.runs.task_dump`) and its
+    threads' (faulthandler's answer to SIGABRT)."""
+    app.send_signal(signal.SIGUSR1)
+    time.sleep(2)
     app.send_signal(signal.SIGABRT)
     try:
         return app.communicate(timeout=15)[0]

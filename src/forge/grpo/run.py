@@ -34,6 +34,7 @@ from forge.runs.grpo_loops import GRPOLoops
 from forge.runs.placement import grpo_gpu_plan
 from forge.runs.restarts import starts_afresh
 from forge.runs.storage import stop_on_storage_errors
+from forge.runs.task_dump import log_tasks_on_sigusr1
 
 Report = Callable[[str], None]
 
@@ -58,6 +59,7 @@ def check_start(cfg: GRPOConfig) -> GpuPlan | None:
 
 async def run(cfg: GRPOConfig, plan: GpuPlan | None, report: Report) -> dict:
     """The run; `plan` places its model actors on this host's GPUs (`forge.runs.placement`)."""
+    log_tasks_on_sigusr1()
     torch.manual_seed(cfg.seed)
     # The generator's tokenizer, loaded once: it renders the prompts, pads the batches, and says
     # which ids the trainer and the reference score, those the generator samples (a checkpoint

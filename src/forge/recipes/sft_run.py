@@ -35,6 +35,7 @@ from forge.rewards.functions import get_reward_fn
 from forge.runs.checkpoint import RunCheckpointer
 from forge.runs.checks import check_no_earlier_metrics
 from forge.runs.storage import check_writable_dir
+from forge.runs.task_dump import log_tasks_on_sigusr1
 from forge.sft.batches import SFTDataLoader
 from forge.sft.config import SFTConfig
 from forge.sft.dataset import build_sft_loader, generation_eval_rows
@@ -134,6 +135,7 @@ async def resume(checkpoints: RunCheckpointer, trainer, loader: SFTDataLoader, r
 
 async def train(cfg: SFTConfig, start: SFTStart, report: Report) -> dict[str, float]:
     """Runs the training loop; returns the last eval metrics (and the greedy exact match)."""
+    log_tasks_on_sigusr1()
     prepared, loader = start.prepared, start.loader
     run_dir = Path(cfg.run_dir)
     procs, data = cfg.trainer.procs, prepared.data

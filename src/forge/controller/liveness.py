@@ -49,12 +49,12 @@ class Probe(ForgeConfigModel):
 
 
 def kill_processes(processes: list[tuple[str, int]], name: str) -> None:
-    """SIGKILLs the (host name, pid) processes that run on this host; the others are left to
-    the mesh's stop (a worker host's processes cannot be signalled from here)."""
+    """SIGKILLs the (host name, pid) processes that run on this host; a worker host's cannot
+    be signalled from here, and only their mesh's stop (or the worker) ends them."""
     here = socket.gethostname()
     for host, pid in processes:
         if host != here:
-            logger.warning("%s: cannot kill pid %d on host %s from here; stopping its mesh", name, pid, host)
+            logger.warning("%s: cannot kill pid %d on host %s from here", name, pid, host)
             continue
         try:
             os.kill(pid, signal.SIGKILL)

@@ -1,9 +1,12 @@
 """SIGUSR1 to a program running forge's task dump logs each task's stack, naming what it awaits."""
 
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 PROGRAM = textwrap.dedent(
     """
@@ -44,3 +47,39 @@ def test_sigusr1_logs_each_task_and_what_it_awaits():
     finally:
         program.kill()
         program.communicate()
+
+
+def test_the_restart_supervisor_passes_sigusr1_to_the_run(tmp_path):
+    """With max_restarts the app's first process supervises and the run is its child: SIGUSR1
+    to the process the user started reaches the run, and kills neither."""
+    (tmp_path / "waiting_app.py").write_text(PROGRAM)
+    supervisor = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from forge.runs.restarts import run_with_restarts; "
+            "sys.exit(run_with_restarts('waiting_app', [], 0, 0.0, lambda: None))",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])},
+        process_group=0,
+    )
+    try:
+        assert supervisor.stdout.readline() == "ready\n"
+        supervisor.send_signal(signal.SIGUSR1)
+        # Read by a thread: if the supervisor died, its orphaned child keeps stderr open.
+        logged = []
+        reader = threading.Thread(
+            target=lambda: logged.extend(iter(supervisor.stderr.readline, "")), daemon=True
+        )
+        reader.start()
+        deadline = time.monotonic() + 60
+        while not any("where each waits (SIGUSR1)" in line for line in logged):
+            assert time.monotonic() < deadline, "no task dump within 60 s:\n" + "".join(logged)
+            assert supervisor.poll() is None, f"SIGUSR1 ended the supervisor ({supervisor.returncode})"
+            time.sleep(0.1)
+    finally:
+        os.killpg(supervisor.pid, signal.SIGKILL)  # the supervisor and the run
+        supervisor.wait()

@@ -72,10 +72,13 @@ def run_with_restarts(
 def _run_child(command: list[str], restarts: int) -> int:
     """The child's exit status. Ctrl-C reaches the child too (one process group) and the child
     stops its actors: this process only waits for it meanwhile. (A handler, not SIG_IGN, which
-    the child would inherit.)"""
+    the child would inherit.) SIGUSR1, which asks a run where it waits (`forge.runs.task_dump`),
+    is passed on to the child: the run is there."""
     child = subprocess.Popen(command, env={**os.environ, RESTARTS_ENV: str(restarts)})
-    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    previous_int = signal.signal(signal.SIGINT, lambda *_: None)
+    previous_usr1 = signal.signal(signal.SIGUSR1, lambda *_: child.send_signal(signal.SIGUSR1))
     try:
         return child.wait()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, previous_int)
+        signal.signal(signal.SIGUSR1, previous_usr1)

@@ -71,10 +71,12 @@ def test_the_restart_supervisor_passes_sigusr1_to_the_run(tmp_path):
         supervisor.send_signal(signal.SIGUSR1)
         # Read by a thread: if the supervisor died, its orphaned child keeps stderr open.
         logged = []
-        reader = threading.Thread(
-            target=lambda: logged.extend(iter(supervisor.stderr.readline, "")), daemon=True
-        )
-        reader.start()
+
+        def read_lines() -> None:
+            for line in supervisor.stderr:
+                logged.append(line)
+
+        threading.Thread(target=read_lines, daemon=True).start()
         deadline = time.monotonic() + 60
         while not any("where each waits (SIGUSR1)" in line for line in logged):
             assert time.monotonic() < deadline, "no task dump within 60 s:\n" + "".join(logged)

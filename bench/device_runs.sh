@@ -32,9 +32,12 @@
 #   fsdp        trainer.procs=2, generator colocated, KL on; losses against one GPU's on the
 #               same batches (bench/fsdp_parity.py)
 #   demo        configs/grpo/gpu_demo.yaml, trainer on GPU 0 and generator on GPU 1
-#   qwen17 [override ...]  configs/grpo/qwen3_1_7b.yaml as shipped (trainer and generator on a GPU each), a random 1.7B policy, 10 steps
+#   config SIZE CONFIG [override ...]
+#               a shipped config as it is (its placement, memory shares, micro-batches) on the
+#               toy task with a random policy of SIZE, 10 steps; e.g. 1.7B configs/grpo/qwen3_1_7b.yaml
+#               (trainer and generator on a GPU each), 8B configs/grpo/qwen3_8b.yaml (4 GPUs of 80 GB)
 set -uo pipefail
-run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|vllm_tp|engine_core|broadcast|fsdp|demo|qwen17 OUT_DIR [ARGS...]}
+run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|vllm_tp|engine_core|broadcast|fsdp|demo|config OUT_DIR [ARGS...]}
 out=${2:?usage: bench/device_runs.sh RUN OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -101,21 +104,24 @@ case $run in
     broadcast) "$PYTHON" bench/broadcast_check.py --senders "${1:-2}" --receivers "${2:-2}" --gb "${3:-3.4}" ;;
     fsdp) "$PYTHON" bench/fsdp_parity.py --out "$out/fsdp" --procs 2 && cp "$out/fsdp/losses.json" "$out/" ;;
     demo) bash bench/gpu_demo.sh "$out/demo" provisioner.colocate=false ;;
-    qwen17)
-        "$PYTHON" bench/gpu_throughput.py --export 1.7B /tmp/q17 || exit
+    config)
+        size=${1:?config SIZE CONFIG [override ...]} config=${2:?config SIZE CONFIG [override ...]}
+        shift 2
+        "$PYTHON" bench/gpu_throughput.py --export "$size" /tmp/cfg || exit
         "$PYTHON" -c "
 from forge.data.toy_task import ToyTaskConfig, make_splits, write_jsonl
 train, evaluation = make_splits(ToyTaskConfig())
-write_jsonl(train, '/tmp/q17/prompts.jsonl'), write_jsonl(evaluation, '/tmp/q17/eval.jsonl')
+write_jsonl(train, '/tmp/cfg/prompts.jsonl'), write_jsonl(evaluation, '/tmp/cfg/eval.jsonl')
 " || exit
-        # The console's step lines on (the config writes metrics to its jsonl only); the metrics
-        # come back even from a run stopped by the device's time limit.
+        # The console's step lines on (the shipped configs write metrics to their jsonl only); the
+        # metrics come back even from a run stopped by the device's time limit. A random policy
+        # scores every sample alike: its groups are kept.
         TORCH_LOGS=recompiles timeout "${TIME_LIMIT:-3600}" "$PYTHON" -m apps.grpo.main \
-            --config configs/grpo/qwen3_1_7b.yaml policy_path=/tmp/q17/policy metrics.console=true \
-            dataset.path=/tmp/q17/prompts.jsonl dataset.eval_path=/tmp/q17/eval.jsonl max_steps=10 \
-            output_dir=/tmp/q17/run eval.num_prompts=16 "$@"
+            --config "$config" policy_path=/tmp/cfg/policy metrics.console=true \
+            dataset.path=/tmp/cfg/prompts.jsonl dataset.eval_path=/tmp/cfg/eval.jsonl max_steps=10 \
+            output_dir=/tmp/cfg/run eval.num_prompts=16 rollout.skip_groups_without_signal=false "$@"
         status=$?
-        cp /tmp/q17/run/metrics.jsonl "$out/qwen17_metrics.jsonl"
+        cp /tmp/cfg/run/metrics.jsonl "$out/config_metrics.jsonl"
         exit $status ;;
     *) echo "unknown run $run" >&2; exit 2 ;;
 esac

@@ -61,7 +61,7 @@ def test_replicas_share_a_gpu_when_asked_and_their_memory_shares_add_up():
     crowded = two_a_gpu(1, 2, colocate=False, share=0.6)
     with pytest.raises(
         PlacementError,
-        match=r"GPU 1 \(80 GiB\).*0.6 for each of 2 replicas.*\(96.0 GiB\).*lower generator.replicas_per_gpu",
+        match=r"GPU 1 \(80 GiB\).*0.6 for each of 2 replicas.*\(~96.0 GiB\).*lower generator.replicas_per_gpu",
     ):
         plan_gpus(crowded, Machine(2, memory_gib=80))
 
@@ -152,7 +152,9 @@ def test_memory_that_a_gpu_cannot_hold_is_refused():
     colocated = PlacementRequest(
         trainer_procs=1, generator_replicas=1, colocate=True, generator_share=0.5, trainer_gib=50.0
     )
-    with pytest.raises(PlacementError, match=r"GPU 0 \(80 GiB\).*~50.0 GiB.*utilization 0.5 \(40.0 GiB\)"):
+    with pytest.raises(
+        PlacementError, match=r"GPU 0 \(80 GiB\).*\(~50.0 GiB\).*utilization 0.5 \(~40.0 GiB\)"
+    ):
         plan_gpus(colocated, Machine(1, memory_gib=80))
     # On a GPU of its own the trainer fits, and vLLM's share is its GPU's alone.
     apart = PlacementRequest(
@@ -195,3 +197,27 @@ def test_the_provisioner_takes_its_gpus_from_the_plan(monkeypatch):
     plan = plan_gpus(PlacementRequest(trainer_procs=1, generator_replicas=1, colocate=False), Machine(2))
     provisioner = Provisioner(ProvisionerConfig(), plan=plan)
     assert provisioner._gpus_for(1, "Generator_0", GENERATOR_GROUP) == ["5"]
+
+
+def test_a_fixed_kv_cache_and_the_receive_buffers_count_for_every_replica_on_a_gpu():
+    def two_a_gpu(buffers_gib: float) -> PlacementRequest:
+        return PlacementRequest(
+            trainer_procs=1,
+            generator_replicas=2,
+            generator_replicas_per_gpu=2,
+            colocate=False,
+            generator_share=0.1,  # not used: the KV cache has a size (generator_gib)
+            generator_gib=30.0,
+            generator_buffers_gib=buffers_gib,
+            trainer_gib=10.0,
+            trainer_buffers_gib=5.0,
+        )
+
+    assert slots(plan_gpus(two_a_gpu(5.0), Machine(2, memory_gib=80))) == ([0], [[1], [1]])
+    with pytest.raises(
+        PlacementError,
+        match=r"GPU 1 \(80 GiB\) cannot hold vLLM's weights, KV cache \(generator.vllm.kv_cache_memory_gib\) "
+        r"and runtime for each of 2 replicas .*\(~60.0 GiB\) and the generator's receive buffers .*\(~22.0 GiB\): "
+        r"lower generator.vllm.kv_cache_memory_gib, or lower generator.replicas_per_gpu$",
+    ):
+        plan_gpus(two_a_gpu(11.0), Machine(2, memory_gib=80))

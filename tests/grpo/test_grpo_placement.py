@@ -61,35 +61,74 @@ def test_a_run_that_does_not_fit_the_gpus_is_refused_naming_keys(write_grpo_conf
     assert grpo_gpu_plan(cfg, []) is None  # no GPUs: nothing to place
 
 
-def test_the_8b_config_fits_four_80_gb_gpus_colocated_and_says_what_does_not(tiny_policy):
+def test_the_8b_config_fits_four_80_gb_gpus_and_colocated_it_is_refused_as_measured(tiny_policy):
+    """On 4 H100s the config's first colocated version (a trainer rank and a replica with an
+    8 GiB KV cache on each GPU) ran out of memory at its first publish: the replica's process
+    held 43.15 GiB, its weights twice (vLLM's and the receive buffers). The planner refuses it
+    now, and passes the shipped 3 + 1 split and the variants the config's comment gives."""
     from forge.engines.titan.checkpoint_model import model_settings, parameter_count
     from forge.engines.titan.flavors import resolve_model_args
 
     config = Path(__file__).resolve().parents[2] / "configs" / "grpo" / "qwen3_8b.yaml"
-    cfg = load_config(GRPOConfig, config, [f"policy_path={tiny_policy}", "dataset.path=prompts.jsonl"])
+    base = [f"policy_path={tiny_policy}", "dataset.path=prompts.jsonl"]
     settings = model_settings(resolve_model_args("qwen3", "8B"))  # Qwen3-8B's shape
     assert 8.1e9 < parameter_count(settings) < 8.3e9
-    request = placement_request(cfg, settings)
-    assert 30 < request.trainer_gib < 31  # a quarter of float32 weights, gradients and AdamW moments
-    plan = plan_gpus(request, Machine(4, memory_gib=79.6))  # an H100's 81,559 MiB
-    assert (plan.slots[TRAINER_GROUP], plan.slots[GENERATOR_GROUP]) == ([[0, 1, 2, 3]], [[0], [1], [2], [3]])
-    # On 4 GPUs of 40 GB the trainer's quarter and vLLM's share do not fit.
+    h100, h200 = 79.6, 140.4  # 81,559 and 143,771 MiB
+
+    def request(*overrides: str):
+        return placement_request(load_config(GRPOConfig, config, [*base, *overrides]), settings)
+
+    shipped = request()
+    assert 40 < shipped.trainer_gib < 41  # a third of float32 weights, gradients and AdamW moments
+    assert 10 < shipped.trainer_buffers_gib < 10.5  # two slots of a third of the bf16 weights
+    assert 15 < shipped.generator_buffers_gib < 15.5  # the bf16 weights, once
+    plan = plan_gpus(shipped, Machine(4, memory_gib=h100))
+    assert (plan.slots[TRAINER_GROUP], plan.slots[GENERATOR_GROUP]) == ([[0, 1, 2]], [[3]])
+
+    colocated = [
+        "provisioner.colocate=true",
+        "trainer.procs=4",
+        "generator.replicas=4",
+        "generator.vllm.gpu_memory_utilization=0.35",
+    ]
+    measured = request(*colocated, "generator.vllm.kv_cache_memory_gib=8")
+    replica = measured.generator_gib + measured.generator_buffers_gib
+    assert replica == pytest.approx(43.15, abs=0.1)  # what the replica's process held
+    with pytest.raises(
+        PlacementError, match=r"GPU 0 \(80 GiB\) cannot hold .*receive buffers .*colocate=false"
+    ):
+        plan_gpus(measured, Machine(4, memory_gib=h100))
+    on_h200 = request(*colocated, "generator.vllm.kv_cache_memory_gib=16")
+    assert plan_gpus(on_h200, Machine(4, memory_gib=h200)).slots[GENERATOR_GROUP] == [[0], [1], [2], [3]]
+    eight = request("trainer.procs=4", "generator.replicas=4", "rollout.threads=16")
+    plan = plan_gpus(eight, Machine(8, memory_gib=h100))
+    assert plan.slots[GENERATOR_GROUP] == [[4], [5], [6], [7]]
+    # On 4 GPUs of 40 GB not even the trainer's third fits.
     with pytest.raises(PlacementError, match=r"GPU 0 \(40 GiB\) cannot hold"):
-        plan_gpus(request, Machine(4, memory_gib=40))
-    # The 8-GPU variant its comment gives.
-    eight = load_config(
-        GRPOConfig,
-        config,
-        [
-            f"policy_path={tiny_policy}",
-            "dataset.path=prompts.jsonl",
-            "trainer.procs=8",
-            "generator.replicas=8",
-            "rollout.threads=16",
-        ],
-    )
-    plan = plan_gpus(placement_request(eight, settings), Machine(8, memory_gib=79.6))
-    assert plan.slots[GENERATOR_GROUP] == [[i] for i in range(8)]
+        plan_gpus(shipped, Machine(4, memory_gib=40))
+
+
+def test_the_weight_copies_follow_the_transport_tensor_parallelism_and_lora(write_grpo_config):
+    from forge.engines.titan.checkpoint_model import model_settings, parameter_count
+    from forge.engines.titan.flavors import resolve_model_args
+    from forge.runs.placement import VLLM_RUNTIME_GIB, weight_copies_gib
+
+    settings = model_settings(resolve_model_args("qwen3", "8B"))
+    weights = parameter_count(settings) * 2 / 2**30  # bf16
+
+    def copies(*overrides: str) -> tuple[float, float, float | None]:
+        base = ["generator.dtype=bfloat16", "trainer.procs=2", "generator.vllm.kv_cache_memory_gib=10"]
+        return weight_copies_gib(load_config(GRPOConfig, write_grpo_config(), [*base, *overrides]), settings)
+
+    trainer, receive, in_vllm = copies()  # auto: CUDA IPC, two slots of each rank's half
+    assert (trainer, receive) == pytest.approx((weights, weights))
+    assert in_vllm == pytest.approx(weights + 10 + VLLM_RUNTIME_GIB)
+    trainer, receive, _ = copies("generator.weight_transport=broadcast")  # one buffer a side more
+    assert (trainer, receive) == pytest.approx((weights / 2, 2 * weights))
+    trainer, receive, in_vllm = copies("generator.vllm.tensor_parallel_size=2")  # host receive buffers
+    assert receive == 0 and in_vllm == pytest.approx(weights / 2 + 10 + VLLM_RUNTIME_GIB)
+    assert copies("generator.weight_transport=store")[:2] == (0, weights)
+    assert copies("generator.vllm.kv_cache_memory_gib=null")[2] is None  # vLLM takes its share
 
 
 def test_the_8b_lora_config_fits_one_80_gb_gpu_where_full_training_does_not(tiny_policy):

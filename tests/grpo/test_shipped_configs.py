@@ -71,15 +71,14 @@ EXTRA = {
         "trainer.engine.training.compile=false",
     ],
     "grpo/your_model_cpu.yaml": ["dataset.path={prompts}", "dataset.eval_path={prompts}"],
-    # Its 4 trainer ranks and 4 vLLM replicas halved for 2 CPU cores: still an FSDP trainer, a
-    # service of generators and prompts split over them.
+    # As shipped: an FSDP trainer over 3 ranks (rows that do not split evenly) and a generator
+    # of its own; fewer rollout threads for 2 CPU cores, and a batch of 3 groups, one a rank.
     "grpo/qwen3_8b.yaml": [
         "dataset.path={prompts}",
         "dataset.eval_path={prompts}",
-        "trainer.procs=2",
-        "generator.replicas=2",
         "rollout.threads=2",
         "rollout.prompts_per_step=1",
+        "replay_buffer.batch_size=12",
     ],
     # One GPU's LoRA run as shipped (colocated vLLM, weights through the store, the KL reference
     # from the trainer's adapters off).

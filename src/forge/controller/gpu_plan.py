@@ -12,8 +12,9 @@ Two modes (`provisioner.colocate`):
 The reference model takes the trainer's GPUs (it has the trainer's processes and sharding).
 A plan that cannot work is refused naming the config keys: too few GPUs, a tensor-parallel
 size the model's attention heads cannot be split by, or a GPU asked to hold more memory than
-it has (the trainer's weights, gradients and optimizer state, which are known before start-up,
-plus the share vLLM reserves).
+it has: what is known before start-up, the trainer's weights, gradients and optimizer state and
+the slots it publishes versions from, vLLM's weights, KV cache and runtime (or the share it
+reserves), and the buffers each replica receives versions in.
 
 The provisioner (`forge.controller.provisioner`) hands out GPUs by this plan: a mesh launched
 with a planned GPU group takes that group's least used slot (the replacement of a dead replica
@@ -79,6 +80,16 @@ class PlacementRequest:
     # The trainer's weights, gradients and optimizer state (and the reference model's weights)
     # per trainer GPU, in GiB; None: unknown, not checked.
     trainer_gib: float | None = None
+    # Per trainer GPU, in GiB: the slots it stages each published version in (its rows of the
+    # weights in the generator's dtype, once per slot).
+    trainer_buffers_gib: float = 0.0
+    # Per GPU of one replica, in GiB, when vLLM's KV cache has a fixed size: its weights (its
+    # share of them with TP), that KV cache and vLLM's runtime memory. None: vLLM takes its share
+    # of the GPU (generator_share), which covers all of these.
+    generator_gib: float | None = None
+    # Per replica, in GiB, on its (first) GPU: the buffers it receives versions in, outside
+    # vLLM's own memory (a copy of the weights, two with the broadcast transport).
+    generator_buffers_gib: float = 0.0
     # The policy's attention heads and key/value heads, which vLLM's TP splits; None: unchecked.
     attention_heads: tuple[int, int] | None = None
     # Meshes with GPUs of their own, after the generators': what they are ("reward model judge",
@@ -206,33 +217,40 @@ def _check_tensor_parallel(r: PlacementRequest) -> None:
 
 
 def _check_memory(r: PlacementRequest, plan: GpuPlan) -> None:
-    """Each GPU's known reservations: the trainer's state and vLLM's share."""
+    """What each GPU is known to hold: the trainer's state and publish slots, and each replica's
+    vLLM memory and receive buffers. A floor: activations come on top."""
     memory = plan.machine.memory_gib
     if memory is None:
         return
     for gpu in range(plan.machine.gpus):
-        replicas_here = sum(gpu in slot for slot in plan.slots[GENERATOR_GROUP])
-        shares = r.generator_share * replicas_here
+        here = [slot for slot in plan.slots[GENERATOR_GROUP] if gpu in slot]
+        receiving = sum(slot[0] == gpu for slot in here)
+        parts = []
         on_trainer = gpu in plan.slots[TRAINER_GROUP][0]
-        trainer_gib = (r.trainer_gib or 0.0) if on_trainer else 0.0
-        if trainer_gib + shares * memory > memory:
-            parts = [f"the trainer's weights, gradients and optimizer state (~{trainer_gib:.1f} GiB)"]
-            if shares:
-                each = (
-                    f" for each of {replicas_here} replicas (generator.replicas_per_gpu)"
-                    if replicas_here > 1
-                    else ""
-                )
-                parts.append(
-                    f"vLLM's generator.vllm.gpu_memory_utilization {r.generator_share}{each} ({shares * memory:.1f} GiB)"
-                )
-            advice = ["raise trainer.procs (FSDP shards that state)"]
-            if shares:
-                advice.insert(0, "lower generator.vllm.gpu_memory_utilization")
-                if replicas_here > 1:
-                    advice.insert(1, "lower generator.replicas_per_gpu")
-                if plan.colocate:
-                    advice.append("set provisioner.colocate=false")
-            raise PlacementError(
-                f"GPU {gpu} ({memory:.0f} GiB) cannot hold {' and '.join(parts)}: {', or '.join(advice)}"
-            )
+        if on_trainer:
+            if r.trainer_gib:
+                parts.append((r.trainer_gib, "the trainer's weights, gradients and optimizer state"))
+            if r.trainer_buffers_gib:
+                parts.append((r.trainer_buffers_gib, "the trainer's slots for publishing versions"))
+        each = f" for each of {len(here)} replicas (generator.replicas_per_gpu)" if len(here) > 1 else ""
+        if here and r.generator_gib is not None:
+            what = f"vLLM's weights, KV cache (generator.vllm.kv_cache_memory_gib) and runtime{each}"
+            parts.append((r.generator_gib * len(here), what))
+        elif here and r.generator_share:
+            what = f"vLLM's generator.vllm.gpu_memory_utilization {r.generator_share}{each}"
+            parts.append((r.generator_share * memory * len(here), what))
+        if receiving and r.generator_buffers_gib:
+            what = "the generator's receive buffers for new versions (a copy of the weights a replica)"
+            parts.append((r.generator_buffers_gib * receiving, what))
+        if sum(gib for gib, _ in parts) <= memory:
+            continue
+        advice = ["raise trainer.procs (FSDP shards that state)"] if on_trainer else []
+        if here:
+            key = "kv_cache_memory_gib" if r.generator_gib is not None else "gpu_memory_utilization"
+            advice.insert(0, f"lower generator.vllm.{key}")
+            if len(here) > 1:
+                advice.insert(1, "lower generator.replicas_per_gpu")
+            if plan.colocate:
+                advice.append("set provisioner.colocate=false")
+        listed = " and ".join(f"{what} (~{gib:.1f} GiB)" for gib, what in parts)
+        raise PlacementError(f"GPU {gpu} ({memory:.0f} GiB) cannot hold {listed}: {', or '.join(advice)}")

@@ -52,8 +52,44 @@ def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
     return state / shards / 2**30
 
 
+# vLLM's memory beside its weights and a fixed KV cache: CUDA graphs, the profile run's
+# activations, the sampler's buffers and the CUDA context. Measured on an H100 at 8B: the
+# replica's process held 43.15 GiB with 15.26 of weights, 15.26 of receive buffers and an 8 GiB
+# KV cache (bench/RESULTS.md, issue 28, fifteenth session).
+VLLM_RUNTIME_GIB = 4.6
+# Versions a trainer rank stages at once for CUDA IPC (forge.weight_transports.IpcTransport).
+IPC_SLOTS = 2
+
+
+def weight_copies_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> tuple[float, float, float | None]:
+    """The copies of the policy's weights in the generator's dtype that the weight sync and vLLM
+    hold, in GiB: per trainer GPU (its publish slots), per replica (its receive buffers on its
+    GPU), and per GPU of a replica for vLLM when its KV cache has a fixed size (else None).
+    With LoRA only adapters travel, and they are left out."""
+    from forge.engines.titan.checkpoint_model import parameter_count
+
+    weights = parameter_count(settings) * getattr(torch, cfg.generator.dtype).itemsize / 2**30
+    vllm = cfg.generator.vllm
+    kv = vllm.kv_cache_memory_gib
+    in_vllm = None if kv is None else weights / vllm.tensor_parallel_size + kv + VLLM_RUNTIME_GIB
+    if cfg.trainer.engine.lora is not None:
+        return 0.0, 0.0, in_vllm
+    transport = cfg.generator.weight_transport
+    ranks = cfg.trainer.procs * cfg.trainer.hosts
+    # Each rank stages its own rows (`auto` is CUDA IPC on one host of GPUs); the store keeps
+    # versions in host memory.
+    slots = {"auto": IPC_SLOTS, "cuda_ipc": IPC_SLOTS, "broadcast": 1}.get(transport, 0)
+    # With TP the receive buffers are host memory the workers map (forge.engines.vllm_weights);
+    # a broadcast receiver also keeps the newest version it received on its GPU.
+    receive = (weights if vllm.tensor_parallel_size == 1 else 0.0) + (
+        weights if transport == "broadcast" else 0.0
+    )
+    return slots * weights / ranks, receive, in_vllm
+
+
 def placement_request(cfg: GRPOConfig, settings: dict[str, Any]) -> PlacementRequest:
     vllm = cfg.generator.engine != "hf"
+    trainer_buffers, generator_buffers, in_vllm = weight_copies_gib(cfg, settings)
     own = {f"reward model {m.name}": m.replicas for m in cfg.reward.models if m.gpu == "own"}
     if cfg.distill is not None and cfg.distill.gpu == "own":
         own["teacher"] = cfg.distill.procs
@@ -65,6 +101,9 @@ def placement_request(cfg: GRPOConfig, settings: dict[str, Any]) -> PlacementReq
         generator_replicas_per_gpu=cfg.generator.replicas_per_gpu,
         generator_share=cfg.generator.vllm.gpu_memory_utilization if vllm else 0.0,
         trainer_gib=trainer_state_gib(cfg, settings) if cfg.trainer.enabled else None,
+        trainer_buffers_gib=trainer_buffers if cfg.trainer.enabled else 0.0,
+        generator_gib=in_vllm if vllm else None,
+        generator_buffers_gib=generator_buffers,
         attention_heads=(settings["num_attention_heads"], settings["num_key_value_heads"]),
         own_gpus=own,
         weight_broadcast=cfg.generator.weight_transport == "broadcast",

@@ -14,6 +14,7 @@ import pickle
 import random
 import re
 import shlex
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,8 +28,9 @@ from forge.data.prompts import PromptCursor
 from forge.data.types import Completion, Episode, Turn
 from forge.engines.titan.checkpoint import TrainState, load_dcp, save_dcp
 from forge.replay_buffer import EpisodeBuffer, ReplayBufferConfig
+from forge.runs import checkpoint as run_checkpoint
 from forge.runs.checkpoint import Progress, RunActors, RunCheckpointer
-from forge.runs.manifest import write_manifest
+from forge.runs.manifest import find_damage, write_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -155,6 +157,58 @@ def test_a_resumed_checkpoint_holds_what_was_saved(tmp_path):
     assert resumed.replay_buffer.obj.state_dict() == saved.replay_buffer.obj.state_dict()
     assert resumed.replay_buffer.obj.state_dict()["episodes"] == [episode(2)]
     assert resumed.dataset.obj.state_dict() == saved.dataset.obj.state_dict()
+
+
+def loop_runs_during(monkeypatch, name: str, work):
+    """Runs `work()` (a coroutine) with forge.runs.checkpoint's `name` (a file check) made to wait
+    for the event loop to run a step first: on the loop's own thread it would wait in vain.
+    Returns work's result and whether the loop ran meanwhile."""
+    real = getattr(run_checkpoint, name)
+    checking, loop_ran = threading.Event(), threading.Event()
+    waited = []
+
+    def once_the_loop_ran(*args):
+        checking.set()
+        waited.append(loop_ran.wait(timeout=20))
+        return real(*args)
+
+    monkeypatch.setattr(run_checkpoint, name, once_the_loop_ran)
+
+    async def while_ticking():
+        task = asyncio.create_task(work())
+        while not task.done():
+            if checking.is_set():
+                loop_ran.set()
+            await asyncio.sleep(0.01)
+        return await task
+
+    result = asyncio.run(while_ticking())
+    monkeypatch.setattr(run_checkpoint, name, real)
+    return result, waited == [True]
+
+
+def test_the_event_loop_goes_on_while_a_checkpoint_is_written_or_checked(tmp_path, monkeypatch):
+    """At 8B a checkpoint's files are ~98 GB, whose SHA-256 takes about a minute, both for the
+    manifest a save writes and for the check a resume makes: the controller's loop must go on
+    meanwhile (an idle generator's liveness probe times out after 60 s)."""
+    checkpoints = RunCheckpointer(tmp_path, keep=2)
+
+    async def save():
+        return await train_and_save(checkpoints, make_actors(), 2)
+
+    saved, loop_ran = loop_runs_during(monkeypatch, "write_manifest", save)
+    assert loop_ran, "the loop did not run while the manifest was written"
+    assert saved.name == "step_00000002" and find_damage(saved) is None
+
+    async def resume_it():
+        async def publish(version: int) -> None:
+            pass
+
+        return await checkpoints.resume(make_actors(), publish, None)
+
+    progress, loop_ran = loop_runs_during(monkeypatch, "find_damage", resume_it)
+    assert loop_ran, "the loop did not run while the checkpoint was checked"
+    assert progress.step == 2
 
 
 def test_a_critic_is_saved_and_restored_beside_the_trainer_and_its_absence_is_named(tmp_path):

@@ -226,6 +226,15 @@ class RunCheckpointer:
         await trainer.save_to.route(str((tmp / TRAINER_DIR).resolve()))
         if critic is not None:
             await critic.save_to.route(str((tmp / CRITIC_DIR).resolve()))
+        # In a thread, so that the event loop goes on (liveness probes, metrics): at 8B the
+        # trainer's files are ~98 GB, and their SHA-256 for the manifest takes about a minute.
+        await asyncio.to_thread(self._complete, tmp, final, state)
+        logger.info("saved run checkpoint %s", final)
+        return final
+
+    def _complete(self, tmp: Path, final: Path, state: dict[str, Any]) -> None:
+        """Writes the run state and the manifest into `tmp`, renames it to `final`, and drops
+        the checkpoints beyond the newest `keep`."""
         blob = io.BytesIO()
         torch.save(state, blob)
         # Fails now, not at the resume: a value that loading would refuse.
@@ -241,8 +250,6 @@ class RunCheckpointer:
         _fsync_dir(self.root)
         for old in self.complete()[: -self.keep]:
             shutil.rmtree(old)
-        logger.info("saved run checkpoint %s", final)
-        return final
 
     async def read(self, path: Path, trainer: Any, critic: Any = None) -> dict[str, Any]:
         """Puts the trainer (and the critic, where there is one) back in the state of checkpoint
@@ -280,7 +287,8 @@ class RunCheckpointer:
         """`restore` from the newest intact checkpoint (a fresh `Progress` when there is none),
         then `publish(version)` of the restored weights; drops the metric rows logged after it
         (all of them without a checkpoint: `Progress.last_kept_step`)."""
-        path = self.newest_intact()
+        # In a thread, as `write`'s manifest: checking it reads every byte of the checkpoint.
+        path = await asyncio.to_thread(self.newest_intact)
         if path is None:
             progress = Progress()
         else:

@@ -17,6 +17,7 @@ import asyncio
 from monarch.actor import current_rank, endpoint
 
 from forge.actors.engine_checkpoints import EngineCheckpoints
+from forge.cuda_threads import to_thread_on
 from forge.data.types import Completion
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.shares import Share, join_shares
@@ -44,7 +45,7 @@ class Critic(EngineCheckpoints):
         from forge.engines.titan.value import share_values
 
         async with self.busy:
-            return await asyncio.to_thread(share_values, self.engine, completions)
+            return await to_thread_on(self.engine.device, share_values, self.engine, completions)
 
     @endpoint
     async def train_step(self, batches: list[PolicyBatch]) -> dict[str, float]:
@@ -53,7 +54,9 @@ class Critic(EngineCheckpoints):
         from forge.engines.titan.value import critic_metrics
 
         async with self.busy:
-            step = await asyncio.to_thread(self.engine.train_step, batches[self.engine.dp_rank], self.loss_fn)
+            step = await to_thread_on(
+                self.engine.device, self.engine.train_step, batches[self.engine.dp_rank], self.loss_fn
+            )
         metrics = critic_metrics(step)
         if current_rank().rank == 0:
             for key, value in metrics.items():

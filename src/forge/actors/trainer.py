@@ -10,7 +10,6 @@ model is its own with the adapters off, so no second copy of the model is needed
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import torch
@@ -19,6 +18,7 @@ from torch.profiler import record_function
 
 from forge.actors.engine_checkpoints import EngineCheckpoints
 from forge.actors.reference import record_reference_pass
+from forge.cuda_threads import to_thread_on
 from forge.data.types import Completion
 from forge.engines.titan.config import TitanEngineConfig
 from forge.engines.titan.row_shards import gather_to_first_rank
@@ -79,7 +79,7 @@ class TitanTrainer(EngineCheckpoints):
             if self.profiler.active:  # on the profiler's thread, so that its CPU work is recorded
                 metrics = self.engine.train_step(batch, self.loss_fn)
             else:  # in a thread, so that a background weight publish progresses on the event loop
-                metrics = await asyncio.to_thread(self.engine.train_step, batch, self.loss_fn)
+                metrics = await to_thread_on(self.engine.device, self.engine.train_step, batch, self.loss_fn)
         if self.rank == 0:
             for key, value in metrics.items():
                 record_metric(key, value, Reduce.MEAN)
@@ -114,7 +114,7 @@ class TitanTrainer(EngineCheckpoints):
                 return share_logprobs(self.engine, completions, self.loss_fn.temperature)
 
         started = time.perf_counter()
-        share = await asyncio.to_thread(base_share)
+        share = await to_thread_on(self.engine.device, base_share)
         record_reference_pass(completions, time.perf_counter() - started)
         return share
 

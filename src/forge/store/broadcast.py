@@ -40,6 +40,7 @@ import uuid
 import torch
 import torch.distributed as dist
 
+from forge.cuda_threads import make_current
 from forge.store.cuda_ipc import FlatLayout, TensorSpec, check_tiles, rows_of
 
 _POLL_S = 0.01
@@ -144,6 +145,7 @@ class _Worker:
 
     def _guarded(self) -> None:
         try:
+            make_current(self.device)
             self._run()
         except BaseException as e:
             if not self._stopped.is_set():

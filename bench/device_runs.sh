@@ -32,12 +32,15 @@
 #   fsdp        trainer.procs=2, generator colocated, KL on; losses against one GPU's on the
 #               same batches (bench/fsdp_parity.py)
 #   demo        configs/grpo/gpu_demo.yaml, trainer on GPU 0 and generator on GPU 1
+#   contexts    which processes hold a CUDA context on which GPU (nvidia-smi every 2 s) through a
+#               tiny GRPO run with the trainer over GPUs 0-1 and the hf generator on GPU 2: a trainer
+#               rank on another rank's GPU is the leak forge.cuda_threads closes (core set only)
 #   config SIZE CONFIG [override ...]
 #               a shipped config as it is (its placement, memory shares, micro-batches) on the
 #               toy task with a random policy of SIZE, 10 steps; e.g. 1.7B configs/grpo/qwen3_1_7b.yaml
 #               (trainer and generator on a GPU each), 8B configs/grpo/qwen3_8b.yaml (4 GPUs of 80 GB)
 set -uo pipefail
-run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|vllm_tp|engine_core|broadcast|fsdp|demo|config OUT_DIR [ARGS...]}
+run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|vllm_tp|engine_core|broadcast|fsdp|demo|contexts|config OUT_DIR [ARGS...]}
 out=${2:?usage: bench/device_runs.sh RUN OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -104,6 +107,17 @@ case $run in
     broadcast) "$PYTHON" bench/broadcast_check.py --senders "${1:-2}" --receivers "${2:-2}" --gb "${3:-3.4}" ;;
     fsdp) "$PYTHON" bench/fsdp_parity.py --out "$out/fsdp" --procs 2 && cp "$out/fsdp/losses.json" "$out/" ;;
     demo) bash bench/gpu_demo.sh "$out/demo" provisioner.colocate=false ;;
+    contexts)
+        (while true; do echo "== $(date +%T)"; nvidia-smi --query-compute-apps=gpu_bus_id,pid,used_memory --format=csv,noheader; sleep 2; done) > "$out/apps.log" 2>&1 &
+        sampler=$!
+        timeout 170 "$PYTHON" -m apps.grpo.main --config configs/grpo/tiny_cpu.yaml trainer.procs=2 \
+            provisioner.colocate=false generator.engine=hf max_steps=8 output_dir=/tmp/contexts \
+            metrics.console=true eval.every=0 > "$out/run.log" 2>&1
+        status=$?
+        kill $sampler
+        nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader
+        awk '!/^==/' "$out/apps.log" | sort -u
+        exit $status ;;
     config)
         size=${1:?config SIZE CONFIG [override ...]} config=${2:?config SIZE CONFIG [override ...]}
         shift 2

@@ -97,8 +97,10 @@ class IpcTransport:
     the generator's process (the provisioner makes it so); both need one host."""
 
     PREFIX = "policy_ipc"
+    # Versions a trainer rank stages at once: a reader of the older one is not overwritten.
+    SLOTS = 2
 
-    def __init__(self, device: torch.device, slots: int = 2) -> None:
+    def __init__(self, device: torch.device, slots: int = SLOTS) -> None:
         from forge.store.cuda_ipc import IpcPublisher, IpcReceiver
 
         # `slots` versions can be read at once; older handles fail their stamp check.

@@ -57,8 +57,6 @@ def trainer_state_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> float:
 # replica's process held 43.15 GiB with 15.26 of weights, 15.26 of receive buffers and an 8 GiB
 # KV cache (bench/RESULTS.md, issue 28, fifteenth session).
 VLLM_RUNTIME_GIB = 4.6
-# Versions a trainer rank stages at once for CUDA IPC (forge.weight_transports.IpcTransport).
-IPC_SLOTS = 2
 
 
 def weight_copies_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> tuple[float, float, float | None]:
@@ -67,6 +65,7 @@ def weight_copies_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> tuple[float,
     GPU), and per GPU of a replica for vLLM when its KV cache has a fixed size (else None).
     With LoRA only adapters travel, and they are left out."""
     from forge.engines.titan.checkpoint_model import parameter_count
+    from forge.weight_transports import IpcTransport
 
     weights = parameter_count(settings) * getattr(torch, cfg.generator.dtype).itemsize / 2**30
     vllm = cfg.generator.vllm
@@ -78,7 +77,7 @@ def weight_copies_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> tuple[float,
     ranks = cfg.trainer.procs * cfg.trainer.hosts
     # Each rank stages its own rows (`auto` is CUDA IPC on one host of GPUs); the store keeps
     # versions in host memory.
-    slots = {"auto": IPC_SLOTS, "cuda_ipc": IPC_SLOTS, "broadcast": 1}.get(transport, 0)
+    slots = {"auto": IpcTransport.SLOTS, "cuda_ipc": IpcTransport.SLOTS, "broadcast": 1}.get(transport, 0)
     # With TP the receive buffers are host memory the workers map (forge.engines.vllm_weights);
     # a broadcast receiver also keeps the newest version it received on its GPU.
     receive = (weights if vllm.tensor_parallel_size == 1 else 0.0) + (

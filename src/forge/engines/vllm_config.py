@@ -42,6 +42,14 @@ class VLLMConfig(ForgeConfigModel):
     # n samples of one prompt share its KV cache; weight updates clear the cache.
     enable_prefix_caching: bool = True
     seed: int = Field(default=0, ge=0)
+    # In flight (generator.update_mode=in_flight), what an update does to the keys and values the
+    # running requests have cached: `recompute` preempts them, so vLLM recomputes their caches
+    # under the new weights and every later token is exactly the new policy's (a pause as long as
+    # a prefill of everything running); `keep` leaves the caches as the old weights wrote them and
+    # goes on at once (PipelineRL's in-flight updates): a token sampled after the update attends
+    # to earlier tokens through the old weights' keys and values. Its logprob is still the one it
+    # was sampled with, which is what the loss's importance ratio needs.
+    in_flight_kv_cache: Literal["recompute", "keep"] = "recompute"
     # Colocated runs: vLLM sleeps through each train step (its KV cache freed, its weights kept
     # in host memory), so the trainer can use that GPU memory; it wakes for the next rollout.
     # vLLM's sleep mode, CUDA only; for max_policy_age 0, where nothing generates while training.

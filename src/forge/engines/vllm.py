@@ -21,10 +21,12 @@ Weight updates, ``update_mode``:
   prefix cache cannot be reset while requests hold it, so each request is salted with the
   version it was admitted under (vLLM's ``cache_salt``): a later request never reuses blocks
   an older version wrote. vLLM streams each step's tokens (``RequestOutputKind.DELTA``) and each is
-  stamped with the version of its step (``GeneratedSequence.token_versions``). vLLM's
-  asynchronous scheduling is off in this mode: with it a step is queued before the previous
-  one's tokens come back, so an update could land under a step already scheduled on the old
-  weights. (With a seed, vLLM restarts a preempted sample's random stream, so in-flight samples
+  stamped with the version of the weights that produced it (``GeneratedSequence.token_versions``):
+  with vLLM's asynchronous scheduling a step is launched before the last one's tokens come
+  back, so an update can land after a step queued on the old weights, and
+  ``forge.engines.vllm_steps`` keeps each queued step's version. Preempting requests would drop
+  a queued step's tokens, so recomputing the caches runs with asynchronous scheduling off.
+  (With a seed, vLLM restarts a preempted sample's random stream, so in-flight samples
   are not reproducible draw for draw.)
 
 How an update reaches vLLM's parameters (a recorded and replayed ``load_weights`` on one
@@ -81,6 +83,7 @@ from forge.engines.vllm_config import (
     vllm_version,
 )
 from forge.engines.vllm_requests import Batch, settle
+from forge.engines.vllm_steps import StepVersions
 from forge.engines.vllm_weights import SharedWeights, loads_in_process, weight_loader
 
 logger = logging.getLogger(__name__)
@@ -189,7 +192,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         if self.lora is not None:
             # One adapter at a time: drain updates load a version once no request runs on the last.
             kwargs.update(enable_lora=True, max_lora_rank=self.lora.vllm_max_lora_rank, max_loras=1)
-        if self.update_mode == "in_flight":
+        if self.update_mode == "in_flight" and not self._keeps_cache:
             kwargs["async_scheduling"] = False  # see the module docstring
         try:
             return LLM(**kwargs)
@@ -209,6 +212,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         self._shared = None
         if not loads_in_process(self.on_gpu, self.config.tensor_parallel_size) and SharedWeights.available():
             self._shared = SharedWeights(self._layout.template(self.dtype, "meta"))
+        self._steps = StepVersions(_batch_queue(self._llm, self.key))
         self._load = weight_loader(
             self._llm,
             self.on_gpu,
@@ -260,8 +264,9 @@ class VLLMEngine(ConcurrentGenerationEngine):
                         self._admit(batch, running)
                     held.clear()
                 if running:
-                    for output in self._llm.llm_engine.step():
-                        self._collect(output, running)
+                    outputs, version = self._steps.step(self._llm.llm_engine.step, self.version)
+                    for output in outputs:
+                        self._collect(output, running, version)
         except BaseException as e:
             self._failure = e if not isinstance(e, _Stopped) else RuntimeError("the vLLM engine was closed")
             pending = [b.future for b, _ in running.values()] + [b.future for b in held]
@@ -313,9 +318,9 @@ class VLLMEngine(ConcurrentGenerationEngine):
             self._llm.llm_engine.add_request(request_id, inputs, params, lora_request=self._lora_request)
             running[request_id] = (batch, index)
 
-    def _collect(self, output, running: dict[str, tuple[Batch, int]]) -> None:
+    def _collect(self, output, running: dict[str, tuple[Batch, int]], version: int) -> None:
         batch, index = running[output.request_id]
-        batch.collect(index, output, self.version)
+        batch.collect(index, output, version)
         if output.finished:
             del running[output.request_id]
 
@@ -495,6 +500,19 @@ class VLLMEngine(ConcurrentGenerationEngine):
 
 class _Stopped(Exception):
     pass
+
+
+def _batch_queue(llm, key: str):
+    """vLLM's queue of launched steps (asynchronous scheduling), or None when it steps one at a time."""
+    config = llm.llm_engine.vllm_config.scheduler_config
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)  # in this process
+    queue = getattr(core, "batch_queue", None)
+    if config.async_scheduling and queue is None:
+        raise RuntimeError(
+            f"{key}: vLLM {vllm_version()} schedules asynchronously and forge cannot see its queue of "
+            "launched steps (EngineCore.batch_queue), so it could not say which weights produced a token"
+        )
+    return queue
 
 
 def _add_lora_from_memory(

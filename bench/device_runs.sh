@@ -20,6 +20,9 @@
 #               of its PLACEMENTS: 1gpu, 2gpu-colocated, ...), vLLM, VARIANT (age1-drain), STEPS steps (6)
 #               timed from step TIMED_FROM (3); results.json and each run's metrics to OUT_DIR
 #   vllm_tp TP  vLLM with tensor_parallel_size=TP: generation, updates, parity (bench/vllm_tp_check.py)
+#   in_flight [ARGS...]
+#               in-flight weight updates with vLLM's asynchronous scheduling: each token's version
+#               against its logprob (bench/in_flight_check.py; ARGS, e.g. --caches keep, go to it)
 #   engine_core SIZE [ARGS...]
 #               plain vLLM with its engine core in this process (forge's way) and in a process of
 #               its own (vLLM's serving default), one `bench/vllm_generate_bench.py --part sampling`
@@ -40,7 +43,7 @@
 #               toy task with a random policy of SIZE, 10 steps; e.g. 1.7B configs/grpo/qwen3_1_7b.yaml
 #               (trainer and generator on a GPU each), 8B configs/grpo/qwen3_8b.yaml (4 GPUs of 80 GB)
 set -uo pipefail
-run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|vllm_tp|engine_core|broadcast|fsdp|demo|contexts|config OUT_DIR [ARGS...]}
+run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|in_flight|vllm_tp|engine_core|broadcast|fsdp|demo|contexts|config OUT_DIR [ARGS...]}
 out=${2:?usage: bench/device_runs.sh RUN OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -91,6 +94,7 @@ case $run in
             [ -e "$run_dir/metrics.jsonl" ] && cp "$run_dir/metrics.jsonl" "$out/${run_dir##*/}.metrics.jsonl"
         done
         exit $status ;;
+    in_flight) "$PYTHON" bench/in_flight_check.py --out "$out/in_flight" "$@" ;;
     vllm_tp) "$PYTHON" bench/vllm_tp_check.py --out /tmp/vllm_tp --size 0.6B --tp "${1:-2}" ;;
     engine_core)
         size=${1:?engine_core SIZE [ARGS...]}

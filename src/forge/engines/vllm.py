@@ -86,7 +86,7 @@ from forge.engines.vllm_config import (
     vllm_version,
 )
 from forge.engines.vllm_requests import Batch, settle
-from forge.engines.vllm_steps import StepVersions
+from forge.engines.vllm_steps import StepVersions, batch_queue
 from forge.engines.vllm_weights import SharedWeights, loads_in_process, weight_loader
 
 logger = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
         # Drained, a request's tokens all carry the version it was admitted under: only in-flight
         # updates need each step's.
         in_flight = self.update_mode == "in_flight"
-        self._steps = StepVersions(_batch_queue(self._llm, self.key) if in_flight else None)
+        self._steps = StepVersions(batch_queue(self._llm, self.key) if in_flight else None)
         self._load = weight_loader(
             self._llm,
             self.on_gpu,
@@ -506,19 +506,6 @@ class VLLMEngine(ConcurrentGenerationEngine):
 
 class _Stopped(Exception):
     pass
-
-
-def _batch_queue(llm, key: str):
-    """vLLM's queue of launched steps (asynchronous scheduling), or None when it steps one at a time."""
-    config = llm.llm_engine.vllm_config.scheduler_config
-    core = getattr(llm.llm_engine.engine_core, "engine_core", None)  # in this process
-    queue = getattr(core, "batch_queue", None)
-    if config.async_scheduling and queue is None:
-        raise RuntimeError(
-            f"{key}: vLLM {vllm_version()} schedules asynchronously and forge cannot see its queue of "
-            "launched steps (EngineCore.batch_queue), so it could not say which weights produced a token"
-        )
-    return queue
 
 
 def _add_lora_from_memory(

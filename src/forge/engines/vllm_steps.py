@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from forge.engines.vllm_config import vllm_version
+
 
 class StepVersions:
     """Steps vLLM and says which version produced what each step returned. ``batch_queue`` is
@@ -49,3 +51,16 @@ class StepVersions:
                 "recorded): the tokens' versions would be wrong"
             )
         return outputs, produced_by
+
+
+def batch_queue(llm, key: str) -> deque | None:
+    """vLLM's queue of launched steps (asynchronous scheduling), or None when it steps one at a time."""
+    config = llm.llm_engine.vllm_config.scheduler_config
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)  # in this process
+    queue = getattr(core, "batch_queue", None)
+    if config.async_scheduling and queue is None:
+        raise RuntimeError(
+            f"{key}: vLLM {vllm_version()} schedules asynchronously and forge cannot see its queue of "
+            "launched steps (EngineCore.batch_queue), so it could not say which weights produced a token"
+        )
+    return queue

@@ -31,24 +31,35 @@ def episodes_from(groups) -> list[Episode]:
     ]
 
 
-def test_concurrent_calls_and_in_place_updates(tiny_policy_hd32):
-    engine = TitanEngineConfig.model_validate(
+def trainer_config(policy) -> TitanEngineConfig:
+    return TitanEngineConfig.model_validate(
         {
-            "model": {
-                "flavor": "tiny_hd32",
-                "hf_path": str(tiny_policy_hd32),
-                "vocab_size": len(embedded_tokenizer()),
-            },
+            "model": {"flavor": "tiny_hd32", "hf_path": str(policy), "vocab_size": len(embedded_tokenizer())},
             "training": {"seq_len": 64},
             "optimizer": {"lr": 0.05},
         }
     )
-    config = GeneratorConfig(
-        model_path=str(tiny_policy_hd32),
+
+
+def generator_config(policy, **vllm) -> GeneratorConfig:
+    return GeneratorConfig(
+        model_path=str(policy),
         engine="vllm",
-        vllm={"kv_cache_memory_gib": 0.05, "max_model_len": 64},
+        vllm={"kv_cache_memory_gib": 0.05, "max_model_len": 64, **vllm},
         sampling={"max_tokens": 6, "seed": 0},
     )
+
+
+async def max_logprob_gap(trainer, episodes) -> float:
+    """The largest difference between the generator's logprobs of `episodes` and the trainer's."""
+    batch = PolicyBatch.from_episodes(episodes, pad_id=0)
+    logprobs = await trainer.compute_logprobs.route(batch.tokens, batch.target_ids)
+    return float(((logprobs - batch.generator_logprobs).abs() * batch.loss_mask).max())
+
+
+def test_concurrent_calls_and_in_place_updates(tiny_policy_hd32):
+    engine = trainer_config(tiny_policy_hd32)
+    config = generator_config(tiny_policy_hd32)
 
     async def main():
         await store.initialize()
@@ -85,13 +96,42 @@ def test_concurrent_calls_and_in_place_updates(tiny_policy_hd32):
             # Later calls sample from exactly the trainer's new distribution...
             fresh = episodes_from(await generator.generate.route(PROMPTS, n=4))
             assert {e.policy_version for e in fresh} == {1}
-            batch = PolicyBatch.from_episodes(fresh, pad_id=0)
-            logprobs = await trainer.compute_logprobs.route(batch.tokens, batch.target_ids)
-            assert float(((logprobs - batch.generator_logprobs).abs() * batch.loss_mask).max()) < 1e-4
+            assert await max_logprob_gap(trainer, fresh) < 1e-4
             # ...which the old samples do not come from.
-            batch = PolicyBatch.from_episodes(episodes_from(stale), pad_id=0)
-            logprobs = await trainer.compute_logprobs.route(batch.tokens, batch.target_ids)
-            assert float(((logprobs - batch.generator_logprobs).abs() * batch.loss_mask).max()) > 1e-3
+            assert await max_logprob_gap(trainer, episodes_from(stale)) > 1e-3
+        finally:
+            await store.shutdown()
+            await shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_tensor_parallel_replica_starts_in_its_actor_and_samples_the_trainers_new_weights(
+    tiny_policy_hd32, monkeypatch
+):
+    """vLLM over two workers (`generator.vllm.tensor_parallel_size=2`) inside the Generator actor,
+    as the app runs it: both shards start (on a GPU they must be spawned, not forked: bench/RESULTS.md,
+    seventeenth session) and a version from the trainer reaches both through the shared receive
+    buffer."""
+    # vLLM's CPU workers each bind their threads to cores; this machine has one NUMA node.
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+
+    async def main():
+        await store.initialize()
+        trainer, generator = await asyncio.gather(
+            TitanTrainer.as_actor(trainer_config(tiny_policy_hd32), GRPOLossConfig()),
+            Generator.as_actor(generator_config(tiny_policy_hd32, tensor_parallel_size=2)),
+        )
+        try:
+            old = episodes_from(await generator.generate.route(PROMPTS, n=4))
+            assert await max_logprob_gap(trainer, old) < 1e-4
+            await trainer.train_step.route([PolicyBatch.from_episodes(old, pad_id=0)])
+            await trainer.push_weights.route(1)
+            await generator.update_weights.route(1)
+            fresh = episodes_from(await generator.generate.route(PROMPTS, n=4))
+            assert {e.policy_version for e in fresh} == {1}
+            assert await max_logprob_gap(trainer, fresh) < 1e-4
+            assert await max_logprob_gap(trainer, old) > 1e-3
         finally:
             await store.shutdown()
             await shutdown()

@@ -92,8 +92,12 @@ def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: 
 def in_process() -> None:
     """Keeps vLLM's engine core in this process (set before vllm is imported): the
     multiprocessing core spawns a process that needs a `__main__` guard, and its RPCs would
-    pickle every weight update. (With tensor parallelism vLLM still spawns one worker per GPU.)"""
+    pickle every weight update. (With tensor parallelism vLLM still starts one worker per GPU.)"""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # Tensor-parallel workers are started by spawning, never forking: in a generator actor vLLM
+    # found CUDA not yet initialised, forked, and every worker failed with "Cannot re-initialize
+    # CUDA in forked subprocess" (bench/RESULTS.md, seventeenth session).
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     # Symmetric-memory all-reduce needs NVLink multicast, which must stay off on shared hosts.
     os.environ.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
 

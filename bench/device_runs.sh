@@ -42,6 +42,11 @@
 #               a shipped config as it is (its placement, memory shares, micro-batches) on the
 #               toy task with a random policy of SIZE, 10 steps; e.g. 1.7B configs/grpo/qwen3_1_7b.yaml
 #               (trainer and generator on a GPU each), 8B configs/grpo/qwen3_8b.yaml (4 GPUs of 80 GB)
+#
+# MPS=1 (app, scaling): the processes that share a GPU (replicas_per_gpu > 1, a trainer rank beside
+# a replica) share it through NVIDIA's Multi-Process Service, a control daemon started here with its
+# pipes under /tmp and stopped at the end, so that their kernels run at once instead of taking
+# turns. The card's settings (compute mode among them) stay as they are.
 set -uo pipefail
 run=${1:?usage: bench/device_runs.sh app|lora|lora8b|scaling|in_flight|vllm_tp|engine_core|broadcast|fsdp|demo|contexts|config OUT_DIR [ARGS...]}
 out=${2:?usage: bench/device_runs.sh RUN OUT_DIR [ARGS...]}
@@ -58,8 +63,21 @@ if [ "$memory" -lt 100000 ]; then
     small=(trainer.engine.training.microbatch_tokens=16384 generator.vllm.kv_cache_memory_gib=20)
     echo "a ${memory} MiB card: ${small[*]}"
 fi
+start_mps() {
+    [ "${MPS:-0}" = 1 ] || return 0
+    if ! command -v nvidia-cuda-mps-control >/dev/null; then
+        echo "MPS=1: nvidia-cuda-mps-control is not on this machine; run without MPS" >&2
+        exit 2
+    fi
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d || exit
+    trap 'echo quit | nvidia-cuda-mps-control' EXIT
+    echo "MPS: control daemon started (pipes in $CUDA_MPS_PIPE_DIRECTORY)"
+}
 case $run in
     app)
+        start_mps
         size=${1:?app SIZE VARIANTS STEPS} variants=${2:?} steps=${3:?}
         shift 3
         TORCH_LOGS=recompiles timeout "${TIME_LIMIT:-3600}" "$PYTHON" bench/gpu_throughput.py --out /tmp/app \
@@ -82,6 +100,7 @@ case $run in
         exec bash "$0" app "$out" 8B age1-drain-lora-merge 10 trainer.engine.training.microbatch_tokens=4096 \
             generator.vllm.kv_cache_memory_gib=8 trainer.loss.beta=0.01 "$@" ;;
     scaling)
+        start_mps
         size=${1:?scaling SIZE PRESET PLACEMENTS} preset=${2:?} placements=${3:?}
         shift 3
         # TIME_LIMIT: seconds for all of them; the rows finished by then are kept.

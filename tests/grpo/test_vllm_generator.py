@@ -113,7 +113,8 @@ def test_a_tensor_parallel_replica_starts_in_its_actor_and_samples_the_trainers_
     as the app runs it: both shards start (on a GPU they must be spawned, not forked: bench/RESULTS.md,
     seventeenth session) and a version from the trainer reaches both through the shared receive
     buffer."""
-    # vLLM's CPU workers each bind their threads to cores; this machine has one NUMA node.
+    # vLLM binds each CPU worker's threads to a NUMA node of its own and refuses two workers on
+    # one node (CI's machine has one): a core each instead.
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
 
     async def main():

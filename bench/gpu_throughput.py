@@ -21,7 +21,9 @@ The policy is torchtitan's flavor at its real vocabulary (151,936), exported to 
 embedded character tokenizer (speed, not learning, is measured: every completion scores 0 and
 groups are kept anyway). By default every actor shares GPU 0 (`provisioner.colocate=true`).
 
-Columns, means over the steps after the second (the first two include warm-up):
+Columns, means over the timed steps (`--timed-from`, and never a step fed by the batches made
+during the first step's start-up: with `max_policy_age` A, none before step A + 2):
+- timed steps: the steps the means are over;
 - s/step; tok/s: generated tokens trained per second, end to end (trained response tokens per
   step over the step time); in vain: the share of generated tokens evicted as stale;
 - train s: the trainer's own step (forward, backward, optimizer);
@@ -34,8 +36,11 @@ Columns, means over the steps after the second (the first two include warm-up):
 - sync MB: the bytes a weight publish moved (with LoRA: the adapters alone); merge ms: with
   `generator.lora_sync=merge`, the generator's merge of a version into its weights (before the load);
 - GPU util %: mean over the timed steps; GPU mem GiB: peak over the run, per GPU.
+- MPS: whether an MPS control daemon was listening where the run's processes look for one
+  (`MPS=1 bash bench/device_runs.sh ...` starts it): the processes sharing a GPU then run their
+  kernels at once instead of taking turns;
 - tok/s/GPU: tok/s over the GPUs the run used; efficiency: tok/s/GPU over the 1gpu run's
-  (the same size, preset and variant).
+  (the same size, preset, variant and MPS).
 """
 
 from __future__ import annotations
@@ -292,6 +297,17 @@ class GpuSampler:
         }
 
 
+def first_steady_step(timed_from: int, command: list[str]) -> int:
+    """The first step the means may include: `timed_from`, or later when the staleness bound A
+    (the command's last `replay_buffer.max_policy_age`, 1 in the config the bench starts from)
+    is larger. Up to A + 1 batches of version 0 are made during the first step's start-up and
+    compile, and they feed steps up to A + 1 whatever the generators' speed: an 8-step run at
+    A = 4 timed from step 4 once read 32k tokens/s where its steps 6-8 made 24k."""
+    prefix = "replay_buffer.max_policy_age="
+    age = next((int(arg.removeprefix(prefix)) for arg in reversed(command) if arg.startswith(prefix)), 1)
+    return max(timed_from, age + 2)
+
+
 def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int) -> dict:
     timed = [r for r in rows if r["step"] >= timed_from] or rows
 
@@ -309,6 +325,7 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int) ->
     previous = next((r for r in rows if r["step"] == timed_from - 1), rows[0])
     return {
         "run": label,
+        "timed steps": f"{timed[0]['step']}-{timed[-1]['step']}",
         "s/step": step_s,
         "tok/s": over_steps("train/response_tokens") / step_s,
         "in vain": in_vain / generated if generated else 0.0,
@@ -366,12 +383,20 @@ def run(
         "size": size,
         "preset": preset,
         **where,
-        **summarize(label, [r for r in rows if r["step"] >= 1], gpu, timed_from),
+        "MPS": "on" if mps_listening() else "off",
+        **summarize(label, [r for r in rows if r["step"] >= 1], gpu, first_steady_step(timed_from, command)),
     }
 
 
+def mps_listening() -> bool:
+    """Whether CUDA clients started from here would find an MPS control daemon: its pipe is where
+    CUDA_MPS_PIPE_DIRECTORY (by default /tmp/nvidia-mps) says."""
+    return (Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control").exists()
+
+
 def add_scaling(results: list[dict]) -> None:
-    """tok/s per GPU, and the efficiency against the 1gpu run of the same size and variant."""
+    """tok/s per GPU, and the efficiency against the 1gpu run of the same size, variant and MPS.
+    The rows of earlier invocations (results.json accumulates) count as bases too."""
     for row in results:
         if "GPUs" not in row:
             continue
@@ -381,12 +406,12 @@ def add_scaling(results: list[dict]) -> None:
                 b
                 for b in results
                 if b.get("placement") == "1gpu"
-                and all(b.get(key) == row.get(key) for key in ("size", "preset", "run"))
+                and all(b.get(key) == row.get(key) for key in ("size", "preset", "run", "MPS"))
             ),
             None,
         )
         if base is not None:
-            row["efficiency"] = f"{row['tok/s/GPU'] / base['tok/s/GPU']:.0%}"
+            row["efficiency"] = f"{row['tok/s/GPU'] / (base['tok/s'] / base['GPUs']):.0%}"
 
 
 def print_table(results: list[dict]) -> None:

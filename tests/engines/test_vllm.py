@@ -111,6 +111,19 @@ def test_stop_token_ids_stop_a_sample(engine):
     assert stopped.token_ids == free.token_ids[: free.token_ids.index(stop) + 1]
 
 
+def test_the_placements_kv_cache_size_is_what_vllm_allocates(engine, models):
+    from forge.engines.titan.checkpoint_model import read_config_json
+    from forge.runs.placement import kv_cache_tokens
+
+    path, _, _ = models
+    estimate = kv_cache_tokens(
+        read_config_json(path), engine.config, "float32", engine.config.kv_cache_memory_gib
+    )
+    cache = engine._llm.llm_engine.vllm_config.cache_config
+    # vLLM allocates whole blocks of tokens.
+    assert cache.num_gpu_blocks * cache.block_size <= estimate < (cache.num_gpu_blocks + 1) * cache.block_size
+
+
 def test_two_concurrent_calls_share_the_engine(engine):
     """A short call sent after a long one returns first: it was served while the long one ran,
     not after it (one batch after another would return the long one first)."""

@@ -1,5 +1,6 @@
 """A GRPO config as a request to the placement planner, refused before any process starts."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,13 @@ from forge.config import load_config
 from forge.config.errors import ConfigError
 from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP, Machine, PlacementError, plan_gpus
 from forge.grpo.config import GRPOConfig
-from forge.runs.placement import grpo_gpu_plan, placement_request, policy_settings, trainer_state_gib
+from forge.runs.placement import (
+    grpo_gpu_plan,
+    kv_cache_line,
+    placement_request,
+    policy_settings,
+    trainer_state_gib,
+)
 
 
 def test_grpo_config_request_counts_the_trainer_state(write_grpo_config):
@@ -161,3 +168,28 @@ def test_the_8b_lora_config_fits_one_80_gb_gpu_where_full_training_does_not(tiny
     assert full.reference_actor
     with pytest.raises(PlacementError, match=r"GPU 0 \(80 GiB\) cannot hold"):
         plan_gpus(placement_request(full, settings), Machine(1, memory_gib=79.6))
+
+
+def test_the_kv_cache_line_says_when_a_replica_is_given_more_samples_than_its_cache_holds(write_grpo_config):
+    config = write_grpo_config()
+    vllm = ["generator.engine=vllm", "generator.vllm.max_model_len=64"]
+
+    def line(*overrides: str, on_gpu: bool = True) -> str | None:
+        return kv_cache_line(load_config(GRPOConfig, config, [*vllm, *overrides]), on_gpu)
+
+    small = ["generator.vllm.kv_cache_memory_gib=0.001"]
+    holds = int(re.search(r"([\d,]+) samples of max_model_len 64", line(*small)).group(1).replace(",", ""))
+    # Two threads over two replicas: one thread's 2 prompts x 4 samples a replica.
+    fits = line(*small, "generator.replicas=2", f"rollout.prompts_per_step={holds // 4}")
+    assert f"up to {holds // 4 * 4} samples at once" in fits and "preempts" not in fits
+    # Three threads over two replicas: two of them on one replica.
+    over = line(*small, "generator.replicas=2", "rollout.threads=3", f"rollout.prompts_per_step={holds // 4}")
+    assert f"up to {holds // 4 * 8} samples at once" in over
+    raised = re.search(r"Past [\d,]+, vLLM preempts .*\.kv_cache_memory_gib to ([\d.]+) ", over)
+    # The size it names holds them all.
+    enough = [f"generator.vllm.kv_cache_memory_gib={raised.group(1)}", "generator.replicas=2"]
+    assert "preempts" not in line(*enough, "rollout.threads=3", f"rollout.prompts_per_step={holds // 4}")
+    # Without a fixed size on a GPU, vLLM sizes its cache at start-up; the hf engine has none.
+    assert line() is None and line("generator.engine=hf", *small) is None
+    # On CPU vLLM's cache is forge's default size.
+    assert "0.25 GiB a replica" in line(on_gpu=False)

@@ -63,9 +63,9 @@ def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: 
     kwargs: dict[str, Any] = {}
     if config.max_model_len is not None:
         kwargs["max_model_len"] = config.max_model_len
-    kv_cache_gib = config.kv_cache_memory_gib or (None if on_gpu else 0.25)
-    if kv_cache_gib is not None:
-        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+    kv_cache = kv_cache_gib(config, on_gpu)
+    if kv_cache is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache * 2**30)
     if config.sleep_during_train:
         kwargs["enable_sleep_mode"] = True
     if not config.custom_all_reduce:
@@ -87,6 +87,12 @@ def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: 
         generation_config="vllm",
         **kwargs,
     )
+
+
+def kv_cache_gib(config: VLLMConfig, on_gpu: bool) -> float | None:
+    """The size of each worker's KV cache, in GiB; None on a GPU without `kv_cache_memory_gib`,
+    where vLLM gives it what `gpu_memory_utilization` leaves once its weights are loaded."""
+    return config.kv_cache_memory_gib or (None if on_gpu else 0.25)
 
 
 def in_process() -> None:

@@ -1,13 +1,16 @@
 """A GRPO run's GPU placement: its config as a request to the planner (`forge.controller.gpu_plan`),
-made before any process starts (a refusal names the keys) and printed at start-up."""
+made before any process starts (a refusal names the keys) and printed at start-up, with what each
+generator replica's KV cache holds against the samples the rollout gives it."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from forge.controller.gpu_plan import GpuPlan, Machine, PlacementRequest, plan_gpus
+from forge.engines.vllm_config import VLLMConfig, kv_cache_gib
 from forge.grpo.config import GRPOConfig
 
 
@@ -84,6 +87,55 @@ def weight_copies_gib(cfg: GRPOConfig, settings: dict[str, Any]) -> tuple[float,
         weights if transport == "broadcast" else 0.0
     )
     return slots * weights / ranks, receive, in_vllm
+
+
+def kv_cache_tokens(model: dict[str, Any], vllm: VLLMConfig, dtype: str, gib: float) -> int:
+    """The tokens a KV cache of `gib` GiB on each GPU of a replica holds for `model` (its
+    config.json): a key and a value per layer and key/value head, in the generator's dtype,
+    with vLLM's tensor parallelism splitting the heads (or replicating them when they are fewer)."""
+    heads = max(model.get("num_key_value_heads") or model["num_attention_heads"], 1)
+    head_dim = model.get("head_dim") or model["hidden_size"] // model["num_attention_heads"]
+    heads_here = max(heads // vllm.tensor_parallel_size, 1)
+    per_token = 2 * model["num_hidden_layers"] * heads_here * head_dim * getattr(torch, dtype).itemsize
+    return int(gib * 2**30) // per_token
+
+
+def kv_cache_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
+    """What one replica's vLLM KV cache holds against the samples the rollout threads may give
+    it at once, as a line for the start of the run; None when vLLM sizes its cache at start-up
+    (on a GPU without generator.vllm.kv_cache_memory_gib) or the hf engine generates. Past
+    what its cache holds, vLLM preempts samples and recomputes their caches as others end, so
+    a replica runs fewer samples at once than the run gives it: every `long` row of the bench
+    at 1.7B ran 16 GiB caches of 130 samples against up to 384 (bench/RESULTS.md, issue 28)."""
+    from forge.actors.generator import resolve_engine
+    from forge.engines.titan.checkpoint_model import read_config_json
+
+    vllm = cfg.generator.vllm
+    gib = kv_cache_gib(vllm, on_gpu)
+    if resolve_engine(cfg.generator.engine) != "vllm" or gib is None:
+        return None
+    model = read_config_json(cfg.generator.model_path)
+    tokens = kv_cache_tokens(model, vllm, cfg.generator.dtype, gib)
+    longest = vllm.max_model_len or model["max_position_embeddings"]
+    holds = tokens // longest
+    rollout, replicas = cfg.rollout, cfg.generator.replicas
+    threads = -(-rollout.threads // replicas)
+    asked = threads * rollout.prompts_per_step * rollout.group_size
+    line = (
+        f"generator KV cache: {gib:g} GiB a replica holds {tokens:,} tokens, {holds:,} samples of "
+        f"max_model_len {longest:,}; the rollout gives a replica up to {asked:,} samples at once "
+        f"(rollout.threads {rollout.threads} over generator.replicas {replicas}, x prompts_per_step "
+        f"{rollout.prompts_per_step} x group_size {rollout.group_size})"
+    )
+    if asked <= holds:
+        return line
+    needed = gib * asked * longest / tokens
+    needed = math.ceil(needed / 10 ** (exponent := math.floor(math.log10(needed)) - 2)) * 10**exponent
+    return (
+        f"{line}. Past {holds:,}, vLLM preempts samples and recomputes their caches as others end: "
+        f"to run them all at once, raise generator.vllm.kv_cache_memory_gib to {needed:.3g} where the "
+        "GPU has room, or lower rollout.threads or generator.vllm.max_model_len"
+    )
 
 
 def placement_request(cfg: GRPOConfig, settings: dict[str, Any]) -> PlacementRequest:

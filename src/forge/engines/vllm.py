@@ -85,6 +85,7 @@ from forge.engines.vllm_config import (
     unsampled_rows_params,
     vllm_version,
 )
+from forge.engines.vllm_occupancy import RunningSamples
 from forge.engines.vllm_requests import Batch, settle
 from forge.engines.vllm_steps import StepVersions, batch_queue
 from forge.engines.vllm_weights import SharedWeights, loads_in_process, weight_loader
@@ -226,6 +227,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
             f"{self.key}: vLLM weight updates",
             self._shared,
         )
+        self._running_samples = RunningSamples(self._llm)
         self._started.set_result(self._llm.llm_engine.model_config.max_model_len)
         running: dict[str, tuple[Batch, int]] = {}
         held: list[Batch] = []
@@ -271,6 +273,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
                     held.clear()
                 if running:
                     outputs, version = self._steps.step(self._llm.llm_engine.step, self.version)
+                    self._running_samples.count()
                     for output in outputs:
                         self._collect(output, running, version)
         except BaseException as e:
@@ -401,6 +404,9 @@ class VLLMEngine(ConcurrentGenerationEngine):
         return self._submit(
             Batch([list(p) for p in prompt_ids], params, keys, stops, concurrent.futures.Future())
         )
+
+    def take_running_samples(self) -> tuple[float, int] | None:
+        return self._running_samples.take()
 
     def generate(
         self,

@@ -291,6 +291,12 @@ def test_models_vllm_cannot_run_are_refused_with_the_key(tmp_path):
         VLLMEngine(str(tmp_path / "no_weights"), VLLMConfig(kv_cache_memory_gib=0.05))
 
 
+def test_kept_caches_without_in_flight_updates_are_refused_before_vllm_starts(models):
+    path, _, _ = models
+    with pytest.raises(ValueError, match=r"generator.vllm.in_flight_kv_cache=keep .*\.update_mode is drain"):
+        VLLMEngine(str(path), VLLMConfig(in_flight_kv_cache="keep"), update_mode="drain")
+
+
 def test_auto_takes_vllm_only_where_cuda_is():
     from forge.actors.generator import resolve_engine
 

@@ -48,7 +48,7 @@ from forge.controller.liveness import CallDeadline, Probe
 from forge.data.types import Completion
 from forge.engines.generation import ConcurrentGenerationEngine, SamplingParams, sample_seed, to_completions
 from forge.engines.lora_sync import AdapterSync, LoraSyncMode, MergeOnArrival
-from forge.engines.vllm_config import UpdateMode, VLLMConfig
+from forge.engines.vllm_config import UpdateMode, VLLMConfig, check_kept_cache
 from forge.observability import Reduce, record_metric
 from forge.weight_sync import WeightPuller
 from forge.weight_transports import build_transport
@@ -113,12 +113,7 @@ class GeneratorConfig(ForgeConfigModel):
 
     @model_validator(mode="after")
     def _kept_cache_is_in_flight(self) -> GeneratorConfig:
-        if self.vllm.in_flight_kv_cache == "keep" and self.update_mode != "in_flight":
-            raise ValueError(
-                "generator.vllm.in_flight_kv_cache=keep says what an in-flight update does to the running "
-                f"requests' caches, and generator.update_mode is {self.update_mode}, where no request runs "
-                "across an update: set generator.update_mode=in_flight, or leave in_flight_kv_cache out"
-            )
+        check_kept_cache(self.vllm, self.update_mode, "generator")
         return self
 
     @model_validator(mode="after")

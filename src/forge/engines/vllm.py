@@ -79,6 +79,7 @@ from forge.engines.vllm_config import (
     UpdateMode,
     VLLMConfig,
     check_fits,
+    check_kept_cache,
     check_supported,
     in_process,
     llm_kwargs,
@@ -146,6 +147,7 @@ class VLLMEngine(ConcurrentGenerationEngine):
                 f"LoRA adapter it started with; use {key}.update_mode=drain"
             )
         self.config = config or VLLMConfig()
+        check_kept_cache(self.config, update_mode, key)
         # With LoRA (generator.lora_sync=vllm_lora): vLLM serves the base model with its LoRA
         # support on, and each adapter version is added from memory (`load_adapter_async`).
         self.lora = lora

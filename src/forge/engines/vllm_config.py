@@ -89,6 +89,16 @@ def llm_kwargs(model_path: str, config: VLLMConfig, dtype: torch.dtype, on_gpu: 
     )
 
 
+def check_kept_cache(config: VLLMConfig, update_mode: str, key: str) -> None:
+    """Refuses kept caches (`in_flight_kv_cache=keep`) where no request runs across an update."""
+    if config.in_flight_kv_cache == "keep" and update_mode != "in_flight":
+        raise ValueError(
+            f"{key}.vllm.in_flight_kv_cache=keep says what an in-flight update does to the running "
+            f"requests' caches, and {key}.update_mode is {update_mode}, where no request runs "
+            f"across an update: set {key}.update_mode=in_flight, or leave in_flight_kv_cache out"
+        )
+
+
 def kv_cache_gib(config: VLLMConfig, on_gpu: bool) -> float | None:
     """The size of each worker's KV cache, in GiB; None on a GPU without `kv_cache_memory_gib`,
     where vLLM gives it what `gpu_memory_utilization` leaves once its weights are loaded."""

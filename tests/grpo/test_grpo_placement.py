@@ -189,7 +189,14 @@ def test_the_kv_cache_line_says_when_a_replica_is_given_more_samples_than_its_ca
     # The size it names holds them all.
     enough = [f"generator.vllm.kv_cache_memory_gib={raised.group(1)}", "generator.replicas=2"]
     assert "preempts" not in line(*enough, "rollout.threads=3", f"rollout.prompts_per_step={holds // 4}")
+    # Tensor parallelism splits the key/value heads over the replica's GPUs, each with that cache.
+    tokens = [
+        int(re.search(r"holds ([\d,]+) tokens", text).group(1).replace(",", ""))
+        for text in (line(*small), line(*small, "generator.vllm.tensor_parallel_size=2"))
+    ]
+    assert "0.001 GiB on each of its 2 GPUs" in line(*small, "generator.vllm.tensor_parallel_size=2")
+    assert 0 <= tokens[1] - 2 * tokens[0] <= 1
     # Without a fixed size on a GPU, vLLM sizes its cache at start-up; the hf engine has none.
     assert line() is None and line("generator.engine=hf", *small) is None
     # On CPU vLLM's cache is forge's default size.
-    assert "0.25 GiB a replica" in line(on_gpu=False)
+    assert "tokens (0.25 GiB)" in line(on_gpu=False)

@@ -144,7 +144,7 @@ def test_grpo_config_runs_two_steps(name, request, tmp_path, capsys):
         export = json.loads((out / "export" / "config.json").read_text())
         assert export == json.loads((policy / "config.json").read_text())
         # What each replica's KV cache holds was said at the start, and what vLLM ran at once.
-        assert "generator KV cache: 0.05 GiB a replica holds" in capsys.readouterr().out
+        assert "generator KV cache: a replica holds" in capsys.readouterr().out
         running = [r for r in rows[1:] if "generator/running_samples" in r]
         assert running and all(
             0 < r["generator/running_samples"] <= r["generator/running_samples_max"] for r in running

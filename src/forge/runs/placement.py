@@ -121,8 +121,11 @@ def kv_cache_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
     rollout, replicas = cfg.rollout, cfg.generator.replicas
     threads = -(-rollout.threads // replicas)
     asked = threads * rollout.prompts_per_step * rollout.group_size
+    size = f"{gib:g} GiB"
+    if vllm.tensor_parallel_size > 1:
+        size += f" on each of its {vllm.tensor_parallel_size} GPUs"
     line = (
-        f"generator KV cache: {gib:g} GiB a replica holds {tokens:,} tokens, {holds:,} samples of "
+        f"generator KV cache: a replica holds {tokens:,} tokens ({size}), {holds:,} samples of "
         f"max_model_len {longest:,}; the rollout gives a replica up to {asked:,} samples at once "
         f"(rollout.threads {rollout.threads} over generator.replicas {replicas}, x prompts_per_step "
         f"{rollout.prompts_per_step} x group_size {rollout.group_size})"

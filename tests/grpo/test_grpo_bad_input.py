@@ -103,6 +103,16 @@ def test_bad_vllm_settings(write_grpo_config, capsys):
     assert "gpu_memory_utilisation" in err and "gpu_memory_utilization" in err
     err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), "generator.engine=vllmm"])
     assert "generator.engine" in err
+    # A KV cache too small for one sample of max_model_len, which vLLM would refuse in its actor.
+    small = [
+        "generator.engine=vllm",
+        "generator.vllm.kv_cache_memory_gib=0.001",
+        "generator.vllm.max_model_len=4096",
+    ]
+    err = run_expecting_exit(capsys, ["--config", str(write_grpo_config()), *small])
+    assert (
+        "generator.vllm.kv_cache_memory_gib 0.001 holds 2,097 tokens" in err and "max_model_len 4,096" in err
+    )
 
 
 def test_prompts_too_long_for_the_trainer(write_grpo_config, capsys):

@@ -1,5 +1,6 @@
 """A GRPO config as a request to the placement planner, refused before any process starts."""
 
+import json
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from forge.config.errors import ConfigError
 from forge.controller.gpu_plan import GENERATOR_GROUP, TRAINER_GROUP, Machine, PlacementError, plan_gpus
 from forge.grpo.config import GRPOConfig
 from forge.runs.placement import (
+    check_kv_cache,
     grpo_gpu_plan,
     kv_cache_line,
     placement_request,
@@ -200,3 +202,26 @@ def test_the_kv_cache_line_says_when_a_replica_is_given_more_samples_than_its_ca
     assert line() is None and line("generator.engine=hf", *small) is None
     # On CPU vLLM's cache is forge's default size.
     assert "tokens (0.25 GiB)" in line(on_gpu=False)
+
+
+def test_a_kv_cache_that_cannot_hold_one_sample_is_refused_before_any_process_starts(write_grpo_config):
+    config = write_grpo_config()
+
+    def check(*overrides: str) -> None:
+        check_kv_cache(load_config(GRPOConfig, config, ["generator.engine=vllm", *overrides]), True)
+
+    small = "generator.vllm.kv_cache_memory_gib=0.001"  # 2,097 tokens of the tiny policy
+    check(small, "generator.vllm.max_model_len=2048")
+    with pytest.raises(ValueError, match="kv_cache_memory_gib 0.001 holds 2,097 tokens") as refused:
+        check(small, "generator.vllm.max_model_len=4096")
+    # Either way out that it names starts.
+    raised = re.search(r"raise kv_cache_memory_gib to ([\d.]+),", str(refused.value)).group(1)
+    check(f"generator.vllm.kv_cache_memory_gib={raised}", "generator.vllm.max_model_len=4096")
+    check(small, "generator.vllm.max_model_len=2097")
+    # Without max_model_len, the model's own length is the one vLLM admits.
+    policy = load_config(GRPOConfig, config, []).policy_path
+    longest = json.loads((Path(policy) / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(
+        ValueError, match=f"max_model_len {longest:,} .* else the model's max_position_embeddings"
+    ):
+        check(f"generator.vllm.kv_cache_memory_gib={0.0005 * longest / 2097}")

@@ -31,7 +31,7 @@ from forge.rollout.records import RolloutRecorder
 from forge.runs.checkpoint import Progress, RunCheckpointer
 from forge.runs.checks import check_no_earlier_metrics, check_run_inputs
 from forge.runs.grpo_loops import GRPOLoops
-from forge.runs.placement import grpo_gpu_plan, kv_cache_line
+from forge.runs.placement import check_kv_cache, grpo_gpu_plan, kv_cache_line
 from forge.runs.restarts import starts_afresh
 from forge.runs.storage import stop_on_storage_errors
 from forge.runs.task_dump import log_tasks_on_sigusr1
@@ -51,6 +51,7 @@ def check_start(cfg: GRPOConfig) -> GpuPlan | None:
     check_run_inputs(cfg)
     checkpoints = checkpointer(cfg)
     checkpoints.check_start(cfg.resume)
+    check_kv_cache(cfg, torch.cuda.is_available())
     plan = grpo_gpu_plan(cfg, visible_gpus() if torch.cuda.is_available() else [])
     if starts_afresh(cfg.resume, checkpoints.latest() is not None):
         check_no_earlier_metrics(cfg.metrics.jsonl_path, "metrics.jsonl_path")

@@ -5,6 +5,7 @@ generator replica's KV cache holds against the samples the rollout gives it."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -100,13 +101,19 @@ def kv_cache_tokens(model: dict[str, Any], vllm: VLLMConfig, dtype: str, gib: fl
     return int(gib * 2**30) // per_token
 
 
-def kv_cache_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
-    """What one replica's vLLM KV cache holds against the samples the rollout threads may give
-    it at once, as a line for the start of the run; None when vLLM sizes its cache at start-up
-    (on a GPU without generator.vllm.kv_cache_memory_gib) or the hf engine generates. Past
-    what its cache holds, vLLM preempts samples and recomputes their caches as others end, so
-    a replica runs fewer samples at once than the run gives it: every `long` row of the bench
-    at 1.7B ran 16 GiB caches of 130 samples against up to 384 (bench/RESULTS.md, issue 28)."""
+@dataclass(frozen=True)
+class ReplicaKVCache:
+    """One generator replica's vLLM KV cache: its size on each GPU, the tokens it holds, and
+    the longest sample vLLM admits (`max_model_len`, else the model's)."""
+
+    gib: float
+    tokens: int
+    max_model_len: int
+
+
+def replica_kv_cache(cfg: GRPOConfig, on_gpu: bool) -> ReplicaKVCache | None:
+    """None when vLLM sizes its cache at start-up (on a GPU without
+    generator.vllm.kv_cache_memory_gib) or the hf engine generates."""
     from forge.actors.generator import resolve_engine
     from forge.engines.titan.checkpoint_model import read_config_json
 
@@ -116,29 +123,57 @@ def kv_cache_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
         return None
     model = read_config_json(cfg.generator.model_path)
     tokens = kv_cache_tokens(model, vllm, cfg.generator.dtype, gib)
-    longest = vllm.max_model_len or model["max_position_embeddings"]
-    holds = tokens // longest
-    rollout, replicas = cfg.rollout, cfg.generator.replicas
-    threads = -(-rollout.threads // replicas)
-    asked = threads * rollout.prompts_per_step * rollout.group_size
-    size = f"{gib:g} GiB"
-    if vllm.tensor_parallel_size > 1:
-        size += f" on each of its {vllm.tensor_parallel_size} GPUs"
+    return ReplicaKVCache(gib, tokens, vllm.max_model_len or model["max_position_embeddings"])
+
+
+def check_kv_cache(cfg: GRPOConfig, on_gpu: bool) -> None:
+    """Refuses, before any process starts, a KV cache that cannot hold one sample of the longest
+    length vLLM admits: vLLM would refuse to start, in the generator's process."""
+    cache = replica_kv_cache(cfg, on_gpu)
+    if cache is None or cache.tokens >= cache.max_model_len:
+        return
+    raise ValueError(
+        f"generator.vllm.kv_cache_memory_gib {cache.gib:g} holds {cache.tokens:,} tokens of "
+        f"{cfg.generator.model_path}, fewer than one sample of max_model_len {cache.max_model_len:,} "
+        "(generator.vllm.max_model_len, else the model's max_position_embeddings), which vLLM refuses: "
+        f"raise kv_cache_memory_gib to {round_up(cache.gib * cache.max_model_len / cache.tokens)}, or set "
+        f"generator.vllm.max_model_len to at most {cache.tokens:,}"
+    )
+
+
+def kv_cache_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
+    """What one replica's vLLM KV cache holds against the samples the rollout threads may give
+    it at once, as a line for the start of the run (None as `replica_kv_cache`). Past what its
+    cache holds, vLLM preempts samples and recomputes their caches as others end, so a replica
+    runs fewer samples at once than the run gives it: every `long` row of the bench at 1.7B ran
+    16 GiB caches of 130 samples against up to 384 (bench/RESULTS.md, issue 28)."""
+    cache = replica_kv_cache(cfg, on_gpu)
+    if cache is None:
+        return None
+    holds = cache.tokens // cache.max_model_len
+    rollout, replicas, tp = cfg.rollout, cfg.generator.replicas, cfg.generator.vllm.tensor_parallel_size
+    asked = -(-rollout.threads // replicas) * rollout.prompts_per_step * rollout.group_size
+    size = f"{cache.gib:g} GiB" + (f" on each of its {tp} GPUs" if tp > 1 else "")
     line = (
-        f"generator KV cache: a replica holds {tokens:,} tokens ({size}), {holds:,} samples of "
-        f"max_model_len {longest:,}; the rollout gives a replica up to {asked:,} samples at once "
-        f"(rollout.threads {rollout.threads} over generator.replicas {replicas}, x prompts_per_step "
+        f"generator KV cache: a replica holds {cache.tokens:,} tokens ({size}), {holds:,} samples of "
+        f"max_model_len {cache.max_model_len:,}; the rollout gives a replica up to {asked:,} samples at "
+        f"once (rollout.threads {rollout.threads} over generator.replicas {replicas}, x prompts_per_step "
         f"{rollout.prompts_per_step} x group_size {rollout.group_size})"
     )
     if asked <= holds:
         return line
-    needed = gib * asked * longest / tokens
-    needed = math.ceil(needed / 10 ** (exponent := math.floor(math.log10(needed)) - 2)) * 10**exponent
+    needed = round_up(cache.gib * asked * cache.max_model_len / cache.tokens)
     return (
         f"{line}. Past {holds:,}, vLLM preempts samples and recomputes their caches as others end: "
-        f"to run them all at once, raise generator.vllm.kv_cache_memory_gib to {needed:.3g} where the "
+        f"to run them all at once, raise generator.vllm.kv_cache_memory_gib to {needed} where the "
         "GPU has room, or lower rollout.threads or generator.vllm.max_model_len"
     )
+
+
+def round_up(gib: float) -> str:
+    """`gib` rounded up to three significant digits: a size that is enough."""
+    exponent = math.floor(math.log10(gib)) - 2
+    return f"{math.ceil(gib / 10**exponent) * 10**exponent:.3g}"
 
 
 def placement_request(cfg: GRPOConfig, settings: dict[str, Any]) -> PlacementRequest:

@@ -124,29 +124,6 @@ def test_the_placements_kv_cache_size_is_what_vllm_allocates(engine, models):
     assert cache.num_gpu_blocks * cache.block_size <= estimate < (cache.num_gpu_blocks + 1) * cache.block_size
 
 
-def test_the_engine_counts_the_samples_vllm_runs_at_once_which_a_small_cache_caps(engine, models):
-    from forge.engines.titan.checkpoint_model import read_config_json
-    from forge.runs.placement import kv_cache_tokens
-
-    path, _, _ = models
-    prompts, params = [[1, 5, 6, 7], [1, 8], [1, 9, 10], [1, 11]], SamplingParams(max_tokens=40, n=8, seed=3)
-    engine.take_running_samples()  # what earlier tests ran
-    engine.generate(prompts, params)
-    mean, most = engine.take_running_samples()
-    assert most == 32 and 0 < mean <= 32 and engine.take_running_samples() is None
-    # A cache of four samples of max_model_len: vLLM runs at most a sample a block of it.
-    tokens_per_gib = kv_cache_tokens(read_config_json(path), engine.config, "float32", 1.0)
-    small = VLLMConfig(kv_cache_memory_gib=4 * MAX_MODEL_LEN / tokens_per_gib, max_model_len=MAX_MODEL_LEN)
-    capped = VLLMEngine(str(path), small, eos_token_id=EOS)
-    try:
-        samples = capped.generate(prompts, params)
-        _, most = capped.take_running_samples()
-        blocks = capped._llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
-    finally:
-        capped.close()
-    assert most <= blocks < 32 and sum(len(group) for group in samples) == 32
-
-
 def test_two_concurrent_calls_share_the_engine(engine):
     """A short call sent after a long one returns first: it was served while the long one ran,
     not after it (one batch after another would return the long one first)."""

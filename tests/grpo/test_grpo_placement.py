@@ -180,7 +180,9 @@ def test_the_kv_cache_line_says_when_a_replica_is_given_more_samples_than_its_ca
         return kv_cache_line(load_config(GRPOConfig, config, [*vllm, *overrides]), on_gpu)
 
     small = ["generator.vllm.kv_cache_memory_gib=0.001"]
-    holds = int(re.search(r"([\d,]+) samples of max_model_len 64", line(*small)).group(1).replace(",", ""))
+    holds = int(re.search(r"([\d,]+) samples of 64 ", line(*small)).group(1).replace(",", ""))
+    # A sample fits the trainer's sequence (seq_len 64 here) whatever vLLM would admit.
+    assert f"{holds:,} samples of 64 " in line(small[0], "generator.vllm.max_model_len=128")
     # Two threads over two replicas: one thread's 2 prompts x 4 samples a replica.
     fits = line(*small, "generator.replicas=2", f"rollout.prompts_per_step={holds // 4}")
     assert f"up to {holds // 4 * 4} samples at once" in fits and "preempts" not in fits

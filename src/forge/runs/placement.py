@@ -113,7 +113,8 @@ class ReplicaKVCache:
 
 def replica_kv_cache(cfg: GRPOConfig, on_gpu: bool) -> ReplicaKVCache | None:
     """None when vLLM sizes its cache at start-up (on a GPU without
-    generator.vllm.kv_cache_memory_gib) or the hf engine generates."""
+    generator.vllm.kv_cache_memory_gib), the hf engine generates, or the model's config.json
+    gives no length."""
     from forge.actors.generator import resolve_engine
     from forge.engines.titan.checkpoint_model import read_config_json
 
@@ -122,8 +123,10 @@ def replica_kv_cache(cfg: GRPOConfig, on_gpu: bool) -> ReplicaKVCache | None:
     if resolve_engine(cfg.generator.engine) != "vllm" or gib is None:
         return None
     model = read_config_json(cfg.generator.model_path)
-    tokens = kv_cache_tokens(model, vllm, cfg.generator.dtype, gib)
-    return ReplicaKVCache(gib, tokens, vllm.max_model_len or model["max_position_embeddings"])
+    longest = vllm.max_model_len or model.get("max_position_embeddings")
+    if longest is None:  # vLLM finds the model's length elsewhere
+        return None
+    return ReplicaKVCache(gib, kv_cache_tokens(model, vllm, cfg.generator.dtype, gib), longest)
 
 
 def check_kv_cache(cfg: GRPOConfig, on_gpu: bool) -> None:
@@ -146,27 +149,30 @@ def kv_cache_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
     it at once, as a line for the start of the run (None as `replica_kv_cache`). Past what its
     cache holds, vLLM preempts samples and recomputes their caches as others end, so a replica
     runs fewer samples at once than the run gives it: every `long` row of the bench at 1.7B ran
-    16 GiB caches of 130 samples against up to 384 (bench/RESULTS.md, issue 28)."""
+    16 GiB caches of 137 samples against up to 640 (bench/RESULTS.md, issue 28)."""
     cache = replica_kv_cache(cfg, on_gpu)
     if cache is None:
         return None
-    holds = cache.tokens // cache.max_model_len
+    # A sample's prompt and response fit the trainer's sequence (the start-up checks see to it).
+    longest = min(cache.max_model_len, cfg.trainer.engine.training.seq_len)
+    holds = cache.tokens // longest
     rollout, replicas, tp = cfg.rollout, cfg.generator.replicas, cfg.generator.vllm.tensor_parallel_size
     asked = -(-rollout.threads // replicas) * rollout.prompts_per_step * rollout.group_size
     size = f"{cache.gib:g} GiB" + (f" on each of its {tp} GPUs" if tp > 1 else "")
     line = (
         f"generator KV cache: a replica holds {cache.tokens:,} tokens ({size}), {holds:,} samples of "
-        f"max_model_len {cache.max_model_len:,}; the rollout gives a replica up to {asked:,} samples at "
+        f"{longest:,} (trainer.engine.training.seq_len, or generator.vllm.max_model_len if shorter); "
+        f"the rollout gives a replica up to {asked:,} samples at "
         f"once (rollout.threads {rollout.threads} over generator.replicas {replicas}, x prompts_per_step "
         f"{rollout.prompts_per_step} x group_size {rollout.group_size})"
     )
     if asked <= holds:
         return line
-    needed = round_up(cache.gib * asked * cache.max_model_len / cache.tokens)
+    needed = round_up(cache.gib * asked * longest / cache.tokens)
     return (
         f"{line}. Past {holds:,}, vLLM preempts samples and recomputes their caches as others end: "
         f"to run them all at once, raise generator.vllm.kv_cache_memory_gib to {needed} where the "
-        "GPU has room, or lower rollout.threads or generator.vllm.max_model_len"
+        "GPU has room, or lower rollout.threads"
     )
 
 

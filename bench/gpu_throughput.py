@@ -26,8 +26,9 @@ during the first step's start-up: with `max_policy_age` A, none before step A + 
 - timed steps: the steps the means are over;
 - s/step; tok/s: generated tokens trained per second, end to end (trained response tokens per
   step over the step time); in vain: the share of generated tokens evicted as stale;
-- running, running max: the samples a replica's vLLM ran at once, mean over its engine steps and
-  most (fewer than the rollout gives it when its KV cache is full);
+- given: the most samples the rollout threads give a replica at once; running, running max: the
+  samples a replica's vLLM ran at once, mean over its engine steps and most (fewer than given
+  when its KV cache is full);
 - train s: the trainer's own step (forward, backward, optimizer);
 - wait batch / sync wait: what the training loop waited for per step (a batch; its weight
   publish); load ms: vLLM's in-place load of a version; ready ms: from the trainer starting
@@ -57,6 +58,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from forge.config import load_config
+from forge.grpo.config import GRPOConfig
+from forge.runs.placement import samples_given_per_replica
 
 # One run each: the pipeline's staleness bound and how the generator takes new weights.
 AGE0 = ["replay_buffer.max_policy_age=0", "rollout.threads=1"]
@@ -299,15 +304,12 @@ class GpuSampler:
         }
 
 
-def first_steady_step(timed_from: int, command: list[str]) -> int:
-    """The first step the means may include: `timed_from`, or later when the staleness bound A
-    (the command's last `replay_buffer.max_policy_age`, 1 in the config the bench starts from)
-    is larger. Up to A + 1 batches of version 0 are made during the first step's start-up and
-    compile, and they feed steps up to A + 1 whatever the generators' speed: an 8-step run at
-    A = 4 timed from step 4 once read 32k tokens/s where its steps 6-8 made 24k."""
-    prefix = "replay_buffer.max_policy_age="
-    age = next((int(arg.removeprefix(prefix)) for arg in reversed(command) if arg.startswith(prefix)), 1)
-    return max(timed_from, age + 2)
+def first_steady_step(timed_from: int, max_policy_age: int) -> int:
+    """The first step the means may include: `timed_from`, or later when the staleness bound
+    A = `max_policy_age` is larger. Up to A + 1 batches of version 0 are made during the first
+    step's start-up and compile, and they feed steps up to A + 1 whatever the generators' speed:
+    an 8-step run at A = 4 timed from step 4 once read 32k tokens/s where its steps 6-8 made 24k."""
+    return max(timed_from, max_policy_age + 2)
 
 
 def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int) -> dict:
@@ -383,13 +385,16 @@ def run(
     finally:
         gpu.stop()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    used = load_config(GRPOConfig, run_dir / "config.yaml", [])  # the config the app saved
     where = {"placement": placement, "GPUs": gpus} if placement else {}
+    timed_from = first_steady_step(timed_from, used.replay_buffer.max_policy_age)
     return {
         "size": size,
         "preset": preset,
         **where,
         "MPS": "on" if mps_listening() else "off",
-        **summarize(label, [r for r in rows if r["step"] >= 1], gpu, first_steady_step(timed_from, command)),
+        "given": samples_given_per_replica(used),
+        **summarize(label, [r for r in rows if r["step"] >= 1], gpu, timed_from),
     }
 
 

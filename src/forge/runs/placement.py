@@ -144,6 +144,13 @@ def check_kv_cache(cfg: GRPOConfig, on_gpu: bool) -> None:
     )
 
 
+def samples_given_per_replica(cfg: GRPOConfig) -> int:
+    """The most samples the rollout threads give one generator replica at once: each thread's
+    prompts x group_size, the threads spread over the replicas."""
+    rollout = cfg.rollout
+    return -(-rollout.threads // cfg.generator.replicas) * rollout.prompts_per_step * rollout.group_size
+
+
 def kv_cache_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
     """What one replica's vLLM KV cache holds against the samples the rollout threads may give
     it at once, as a line for the start of the run (None as `replica_kv_cache`). Past what its
@@ -157,7 +164,7 @@ def kv_cache_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
     longest = min(cache.max_model_len, cfg.trainer.engine.training.seq_len)
     holds = cache.tokens // longest
     rollout, replicas, tp = cfg.rollout, cfg.generator.replicas, cfg.generator.vllm.tensor_parallel_size
-    asked = -(-rollout.threads // replicas) * rollout.prompts_per_step * rollout.group_size
+    asked = samples_given_per_replica(cfg)
     size = f"{cache.gib:g} GiB" + (f" on each of its {tp} GPUs" if tp > 1 else "")
     line = (
         f"generator KV cache: a replica holds {cache.tokens:,} tokens ({size}), {holds:,} samples of "

@@ -124,6 +124,14 @@ def test_the_placements_kv_cache_size_is_what_vllm_allocates(engine, models):
     assert cache.num_gpu_blocks * cache.block_size <= estimate < (cache.num_gpu_blocks + 1) * cache.block_size
 
 
+def test_the_engine_says_how_many_samples_vllm_ran_at_once(engine):
+    engine.take_running_samples()  # what earlier tests ran
+    engine.generate([[1, 5, 6, 7], [1, 8], [1, 9, 10], [1, 11]], SamplingParams(max_tokens=40, n=8, seed=3))
+    mean, most = engine.take_running_samples()
+    # Its cache holds all 32 samples (tests/engines/test_vllm_occupancy.py: one that does not).
+    assert most == 32 and 0 < mean <= 32 and engine.take_running_samples() is None
+
+
 def test_two_concurrent_calls_share_the_engine(engine):
     """A short call sent after a long one returns first: it was served while the long one ran,
     not after it (one batch after another would return the long one first)."""

@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -206,7 +207,9 @@ def test_the_kv_cache_line_says_when_a_replica_is_given_more_samples_than_its_ca
     assert "tokens (0.25 GiB)" in line(on_gpu=False)
 
 
-def test_a_kv_cache_that_cannot_hold_one_sample_is_refused_before_any_process_starts(write_grpo_config):
+def test_a_kv_cache_that_cannot_hold_one_sample_is_refused_before_any_process_starts(
+    write_grpo_config, tmp_path
+):
     config = write_grpo_config()
 
     def check(*overrides: str) -> None:
@@ -223,7 +226,14 @@ def test_a_kv_cache_that_cannot_hold_one_sample_is_refused_before_any_process_st
     # Without max_model_len, the model's own length is the one vLLM admits.
     policy = load_config(GRPOConfig, config, []).policy_path
     longest = json.loads((Path(policy) / "config.json").read_text())["max_position_embeddings"]
+    tiny = f"generator.vllm.kv_cache_memory_gib={0.0005 * longest / 2097}"  # half a sample of it
     with pytest.raises(
-        ValueError, match=f"max_model_len {longest:,} .* else the model's max_position_embeddings"
+        ValueError, match=f"max_model_len {longest:,} .* else the length the model's config.json gives"
     ):
-        check(f"generator.vllm.kv_cache_memory_gib={0.0005 * longest / 2097}")
+        check(tiny)
+    # vLLM takes the shortest length a config.json gives.
+    shorter = tmp_path / "shorter"
+    shutil.copytree(policy, shorter)
+    settings = json.loads((shorter / "config.json").read_text())
+    (shorter / "config.json").write_text(json.dumps({**settings, "seq_length": longest // 4}))
+    check(tiny, f"generator.model_path={shorter}")

@@ -123,10 +123,32 @@ def replica_kv_cache(cfg: GRPOConfig, on_gpu: bool) -> ReplicaKVCache | None:
     if resolve_engine(cfg.generator.engine) != "vllm" or gib is None:
         return None
     model = read_config_json(cfg.generator.model_path)
-    longest = vllm.max_model_len or model.get("max_position_embeddings")
+    longest = vllm.max_model_len or model_max_len(model)
     if longest is None:  # vLLM finds the model's length elsewhere
         return None
     return ReplicaKVCache(gib, kv_cache_tokens(model, vllm, cfg.generator.dtype, gib), longest)
+
+
+# Where a config.json may give the model's context length; vLLM takes the shortest it finds
+# (then may lengthen it by the RoPE scaling factor), so this is never longer than vLLM's.
+_LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
+def model_max_len(model: dict[str, Any]) -> int | None:
+    """The context length vLLM admits for `model` (its config.json) without `max_model_len`, or
+    less; None when the file gives none."""
+    lengths = [model[key] for key in _LENGTH_KEYS if isinstance(model.get(key), int)]
+    return min(lengths) if lengths else None
 
 
 def check_kv_cache(cfg: GRPOConfig, on_gpu: bool) -> None:
@@ -138,7 +160,7 @@ def check_kv_cache(cfg: GRPOConfig, on_gpu: bool) -> None:
     raise ValueError(
         f"generator.vllm.kv_cache_memory_gib {cache.gib:g} holds {cache.tokens:,} tokens of "
         f"{cfg.generator.model_path}, fewer than one sample of max_model_len {cache.max_model_len:,} "
-        "(generator.vllm.max_model_len, else the model's max_position_embeddings), which vLLM refuses: "
+        "(generator.vllm.max_model_len, else the length the model's config.json gives), which vLLM refuses: "
         f"raise kv_cache_memory_gib to {round_up(cache.gib * cache.max_model_len / cache.tokens)}, or set "
         f"generator.vllm.max_model_len to at most {cache.tokens:,}"
     )

@@ -105,6 +105,12 @@ def kv_cache_gib(config: VLLMConfig, on_gpu: bool) -> float | None:
     return config.kv_cache_memory_gib or (None if on_gpu else 0.25)
 
 
+def in_process_core(llm):
+    """vLLM's engine core (its scheduler, its queue of launched steps) when it runs in this
+    process, as `in_process` keeps it; None when it runs in a process of its own."""
+    return getattr(llm.llm_engine.engine_core, "engine_core", None)
+
+
 def in_process() -> None:
     """Keeps vLLM's engine core in this process (set before vllm is imported): the
     multiprocessing core spawns a process that needs a `__main__` guard, and its RPCs would

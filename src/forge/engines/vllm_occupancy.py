@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import threading
 
+from forge.engines.vllm_config import in_process_core
+
 
 class RunningSamples:
     """The samples vLLM's scheduler runs after each step, since the last ``take``."""
 
     def __init__(self, llm):
-        core = getattr(llm.llm_engine.engine_core, "engine_core", None)  # in this process
-        self._scheduler = getattr(core, "scheduler", None)
+        self._scheduler = getattr(in_process_core(llm), "scheduler", None)
         self._lock = threading.Lock()
         self._steps = self._total = self._most = 0
 

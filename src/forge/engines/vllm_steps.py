@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from forge.engines.vllm_config import vllm_version
+from forge.engines.vllm_config import in_process_core, vllm_version
 
 
 class StepVersions:
@@ -56,8 +56,7 @@ class StepVersions:
 def batch_queue(llm, key: str) -> deque | None:
     """vLLM's queue of launched steps (asynchronous scheduling), or None when it steps one at a time."""
     config = llm.llm_engine.vllm_config.scheduler_config
-    core = getattr(llm.llm_engine.engine_core, "engine_core", None)  # in this process
-    queue = getattr(core, "batch_queue", None)
+    queue = getattr(in_process_core(llm), "batch_queue", None)
     if config.async_scheduling and queue is None:
         raise RuntimeError(
             f"{key}: vLLM {vllm_version()} schedules asynchronously and forge cannot see its queue of "

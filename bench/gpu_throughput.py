@@ -26,9 +26,10 @@ during the first step's start-up: with `max_policy_age` A, none before step A + 
 - timed steps: the steps the means are over;
 - s/step; tok/s: generated tokens trained per second, end to end (trained response tokens per
   step over the step time); in vain: the share of generated tokens evicted as stale;
-- given: the most samples the rollout threads give a replica at once; running, running max: the
-  samples a replica's vLLM ran at once, mean over its engine steps and most (fewer than given
-  when its KV cache is full);
+- rollout: the samples of one rollout (one generate call, on one replica); given: the most
+  samples the rollouts give a replica at once; running, running max: the samples a replica's vLLM
+  ran at once, mean over its engine steps and most (fewer than given when its KV cache is full,
+  and one rollout's under `drain` once the trainer is ahead);
 - train s: the trainer's own step (forward, backward, optimizer);
 - wait batch / sync wait: what the training loop waited for per step (a batch; its weight
   publish); load ms: vLLM's in-place load of a version; ready ms: from the trainer starting
@@ -111,11 +112,11 @@ VARIANTS = {
 
 
 # How a run spreads over the first N GPUs of the machine: (N, trainer ranks, generator replicas,
-# replicas per generator GPU, colocated[, vLLM tensor-parallel size]). Each step's prompts are
-# split over the replicas (`placement_overrides`). `xK`: K replicas share each generator GPU,
+# replicas per generator GPU, colocated[, vLLM tensor-parallel size]). Each rollout is a whole
+# step's prompts on one replica (`placement_overrides`). `xK`: K replicas share each generator GPU,
 # each with up to 80% / K of its memory (one vLLM loop keeps an H100 about half busy at 0.6B).
-# With 6 replicas a step has 60 prompts, not 64 (each replica 10). `tpT`: each replica is one
-# vLLM over T GPUs, against as many replicas of one GPU each (issue 28: "measured both ways").
+# `tpT`: each replica is one vLLM over T GPUs, against as many replicas of one GPU each (issue 28:
+# "measured both ways").
 PLACEMENTS = {
     "1gpu": (1, 1, 1, 1, True),
     "1gpu-x2": (1, 1, 2, 2, True),
@@ -136,11 +137,22 @@ PLACEMENTS = {
 }
 
 
-def placement_overrides(name: str, step_prompts: int, variant: list[str]) -> tuple[int, list[str]]:
-    """The GPUs and overrides of placement `name`: every replica generates its share of each
-    step's prompts, in as many rollout threads as the variant gives one generator."""
+def placement_overrides(
+    name: str, step_prompts: int, variant: list[str], split_rollouts: bool = False
+) -> tuple[int, list[str]]:
+    """The GPUs and overrides of placement `name`. Each rollout is a step's prompts (a train
+    batch) on one replica, in as many rollout threads as the variant gives (at least one a
+    replica): under `drain` a replica runs one rollout at a time once the trainer is ahead
+    (bench/RESULTS.md, nineteenth session), so a rollout split over the replicas shrinks each
+    one's batch. `split_rollouts`: every replica generates its share of each step's prompts, in
+    the variant's threads each (the layout of the rows before; with 6 replicas a step then has
+    60 prompts, not 64)."""
     gpus, procs, replicas, per_gpu, colocate, *tp = PLACEMENTS[name]
     threads = next((int(o.split("=")[1]) for o in variant if o.startswith("rollout.threads=")), 2)
+    if split_rollouts:
+        prompts, threads = step_prompts // replicas, threads * replicas
+    else:
+        prompts, threads = step_prompts, max(threads, replicas)
     shared = [
         f"generator.replicas_per_gpu={per_gpu}",
         f"generator.vllm.gpu_memory_utilization={0.8 / per_gpu:.2f}",
@@ -149,8 +161,8 @@ def placement_overrides(name: str, step_prompts: int, variant: list[str]) -> tup
         f"provisioner.colocate={str(colocate).lower()}",
         f"trainer.procs={procs}",
         f"generator.replicas={replicas}",
-        f"rollout.prompts_per_step={step_prompts // replicas}",
-        f"rollout.threads={threads * replicas}",
+        f"rollout.prompts_per_step={prompts}",
+        f"rollout.threads={threads}",
         *(shared if per_gpu > 1 else []),
         *(f"generator.vllm.tensor_parallel_size={size}" for size in tp),
     ]
@@ -362,6 +374,7 @@ def run(
     overrides: list[str],
     placement: str | None = None,
     timed_from: int = 3,
+    split_rollouts: bool = False,
 ) -> dict:
     root = out / size
     policy = root / "policy"
@@ -375,7 +388,9 @@ def run(
     env = dict(os.environ)
     gpus = None
     if placement is not None:
-        gpus, placed = placement_overrides(placement, PRESETS[preset][1], VARIANTS.get(label, []))
+        gpus, placed = placement_overrides(
+            placement, PRESETS[preset][1], VARIANTS.get(label, []), split_rollouts
+        )
         command += placed
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
     command += overrides
@@ -393,6 +408,7 @@ def run(
         "preset": preset,
         **where,
         "MPS": "on" if mps_listening() else "off",
+        "rollout": used.rollout.prompts_per_step * used.rollout.group_size,
         "given": samples_given_per_replica(used),
         **summarize(label, [r for r in rows if r["step"] >= 1], gpu, timed_from),
     }
@@ -461,6 +477,11 @@ def main() -> None:
         default=["default"],
         help=f"comma-separated, of {sorted(VARIANTS)}, or default",
     )
+    parser.add_argument(
+        "--split-rollouts",
+        action="store_true",
+        help="every replica generates its share of each step's prompts (the rows before the nineteenth session)",
+    )
     args, overrides = parser.parse_known_args()
     unknown = [v for v in args.variants if v != "default" and v not in VARIANTS]
     if unknown:
@@ -484,6 +505,7 @@ def main() -> None:
                         overrides,
                         placement,
                         args.timed_from,
+                        args.split_rollouts,
                     )
                 )
                 add_scaling(results)

@@ -15,6 +15,7 @@ from forge.grpo.config import GRPOConfig
 from forge.runs.placement import (
     check_kv_cache,
     grpo_gpu_plan,
+    idle_replicas_line,
     kv_cache_line,
     placement_request,
     policy_settings,
@@ -184,16 +185,28 @@ def test_the_kv_cache_line_says_when_a_replica_is_given_more_samples_than_its_ca
     holds = int(re.search(r"([\d,]+) samples of 64 ", line(*small)).group(1).replace(",", ""))
     # A sample fits the trainer's sequence (seq_len 64 here) whatever vLLM would admit.
     assert f"{holds:,} samples of 64 " in line(small[0], "generator.vllm.max_model_len=128")
-    # Two threads over two replicas: one thread's 2 prompts x 4 samples a replica.
-    fits = line(*small, "generator.replicas=2", f"rollout.prompts_per_step={holds // 4}")
-    assert f"up to {holds // 4 * 4} samples at once" in fits and "preempts" not in fits
-    # Three threads over two replicas: two of them on one replica.
-    over = line(*small, "generator.replicas=2", "rollout.threads=3", f"rollout.prompts_per_step={holds // 4}")
-    assert f"up to {holds // 4 * 8} samples at once" in over
+    # Rollouts of half what the cache holds, a train batch each.
+    half = [f"rollout.prompts_per_step={holds // 8}", f"replay_buffer.batch_size={holds // 2}"]
+    # Two threads over two replicas: one rollout a replica.
+    fits = line(*small, *half, "generator.replicas=2")
+    assert f"up to {holds // 2} samples at once (2 rollouts at once" in fits and "preempts" not in fits
+    # Five threads over two replicas, three of them on one replica...
+    five = [*small, *half, "generator.replicas=2", "rollout.threads=5"]
+    over = line(*five, "replay_buffer.max_policy_age=4")
+    assert f"up to {holds // 2 * 3} samples at once (5 rollouts at once" in over
+    # ...as many as the staleness bound lets be made ahead: max_policy_age 1, two batches.
+    assert f"up to {holds // 2} samples at once (2 rollouts at once" in line(*five)
     raised = re.search(r"Past [\d,]+, vLLM preempts .*\.kv_cache_memory_gib to ([\d.]+) ", over)
     # The size it names holds them all.
-    enough = [f"generator.vllm.kv_cache_memory_gib={raised.group(1)}", "generator.replicas=2"]
-    assert "preempts" not in line(*enough, "rollout.threads=3", f"rollout.prompts_per_step={holds // 4}")
+    enough = f"generator.vllm.kv_cache_memory_gib={raised.group(1)}"
+    assert "preempts" not in line(*five, "replay_buffer.max_policy_age=4", enough)
+    # Under drain, once the trainer is ahead a replica runs one rollout at a time (bench/RESULTS.md,
+    # issue 28): the line says so wherever a replica is given more than one.
+    assert f"a replica runs one rollout at a time ({holds // 2} samples)" in over
+    assert "one rollout at a time" not in fits
+    assert "one rollout at a time" not in line(
+        *five, "replay_buffer.max_policy_age=4", "generator.update_mode=in_flight"
+    )
     # Tensor parallelism splits the key/value heads over the replica's GPUs, each with that cache.
     tokens = [
         int(re.search(r"holds ([\d,]+) tokens", text).group(1).replace(",", ""))
@@ -205,6 +218,22 @@ def test_the_kv_cache_line_says_when_a_replica_is_given_more_samples_than_its_ca
     assert line() is None and line("generator.engine=hf", *small) is None
     # On CPU vLLM's cache is forge's default size.
     assert "tokens (0.25 GiB)" in line(on_gpu=False)
+
+
+def test_replicas_that_no_rollout_would_keep_busy_are_named(write_grpo_config):
+    config = write_grpo_config()
+
+    def line(*overrides: str) -> str | None:
+        return idle_replicas_line(load_config(GRPOConfig, config, ["generator.replicas=4", *overrides]))
+
+    # Each rollout is a whole batch of 8: max_policy_age 1 lets two be made ahead of training.
+    whole = ["rollout.threads=4", "rollout.prompts_per_step=2", "replay_buffer.batch_size=8"]
+    assert re.search(r"idle: 2 rollout\(s\) run at once .* of the 4 generator.replicas", line(*whole))
+    # Either remedy it names gives every replica a rollout.
+    assert line(*whole, "replay_buffer.max_policy_age=3") is None
+    assert line("rollout.threads=4", "rollout.prompts_per_step=1", "replay_buffer.batch_size=8") is None
+    # Two threads: two replicas idle whatever the bound.
+    assert "idle: 2 rollout(s)" in line("replay_buffer.max_policy_age=3")
 
 
 def test_a_kv_cache_that_cannot_hold_one_sample_is_refused_before_any_process_starts(

@@ -31,7 +31,7 @@ from forge.rollout.records import RolloutRecorder
 from forge.runs.checkpoint import Progress, RunCheckpointer
 from forge.runs.checks import check_no_earlier_metrics, check_run_inputs
 from forge.runs.grpo_loops import GRPOLoops
-from forge.runs.placement import check_kv_cache, grpo_gpu_plan, kv_cache_line
+from forge.runs.placement import check_kv_cache, grpo_gpu_plan, idle_replicas_line, kv_cache_line
 from forge.runs.restarts import starts_afresh
 from forge.runs.storage import stop_on_storage_errors
 from forge.runs.task_dump import log_tasks_on_sigusr1
@@ -77,8 +77,10 @@ async def run(cfg: GRPOConfig, plan: GpuPlan | None, report: Report) -> dict:
             os.environ["OMP_NUM_THREADS"] = str(cfg.actor_threads)  # before any actor process starts
         if plan is not None:
             report(plan.describe(visible_gpus()))
-        if not cfg.rollout.replay_from and (kv_cache := kv_cache_line(cfg, torch.cuda.is_available())):
-            report(kv_cache)
+        if not cfg.rollout.replay_from:
+            for line in (kv_cache_line(cfg, torch.cuda.is_available()), idle_replicas_line(cfg)):
+                if line is not None:
+                    report(line)
         await init_provisioner(cfg.provisioner, seed=cfg.seed, plan=plan)
         try:
             if cfg.rollout.replay_from:

@@ -1,6 +1,7 @@
 """A GRPO run's GPU placement: its config as a request to the planner (`forge.controller.gpu_plan`),
 made before any process starts (a refusal names the keys) and printed at start-up, with what each
-generator replica's KV cache holds against the samples the rollout gives it."""
+generator replica's KV cache holds against the samples the rollouts give it, and the replicas that
+no rollout would keep busy."""
 
 from __future__ import annotations
 
@@ -166,16 +167,42 @@ def check_kv_cache(cfg: GRPOConfig, on_gpu: bool) -> None:
     )
 
 
-def samples_given_per_replica(cfg: GRPOConfig) -> int:
-    """The most samples the rollout threads give one generator replica at once: each thread's
-    prompts x group_size, the threads spread over the replicas."""
+def rollouts_at_once(cfg: GRPOConfig) -> int:
+    """The most rollouts that run at once: one a rollout thread, and no more than the staleness
+    bound lets be made ahead of training (`forge.staleness`: max_policy_age + 1 batches, each
+    rollout reserving prompts_per_step x group_size of their episodes)."""
     rollout = cfg.rollout
-    return -(-rollout.threads // cfg.generator.replicas) * rollout.prompts_per_step * rollout.group_size
+    ahead = (cfg.replay_buffer.max_policy_age + 1) * cfg.replay_buffer.batch_size
+    return min(rollout.threads, -(-ahead // (rollout.prompts_per_step * rollout.group_size)))
+
+
+def samples_given_per_replica(cfg: GRPOConfig) -> int:
+    """The most samples the rollouts give one generator replica at once: each rollout's prompts x
+    group_size, the rollouts that run at once spread over the replicas."""
+    rollout = cfg.rollout
+    return -(-rollouts_at_once(cfg) // cfg.generator.replicas) * rollout.prompts_per_step * rollout.group_size
+
+
+def idle_replicas_line(cfg: GRPOConfig) -> str | None:
+    """A line for the start of the run when fewer rollouts run at once than there are generator
+    replicas (a rollout runs on one replica): the others wait, whatever their GPUs. None otherwise."""
+    rollout, buffer, replicas = cfg.rollout, cfg.replay_buffer, cfg.generator.replicas
+    running = rollouts_at_once(cfg)
+    if running >= replicas:
+        return None
+    return (
+        f"generator replicas idle: {running} rollout(s) run at once and each runs on one of the "
+        f"{replicas} generator.replicas (rollout.threads {rollout.threads}; replay_buffer.max_policy_age "
+        f"{buffer.max_policy_age} lets {buffer.max_policy_age + 1} x batch_size {buffer.batch_size} "
+        f"episodes be made ahead of training, rollouts of prompts_per_step {rollout.prompts_per_step} x "
+        f"group_size {rollout.group_size}): raise rollout.threads or max_policy_age, or lower "
+        "rollout.prompts_per_step, to give each replica one"
+    )
 
 
 def kv_cache_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
-    """What one replica's vLLM KV cache holds against the samples the rollout threads may give
-    it at once, as a line for the start of the run (None as `replica_kv_cache`). Past what its
+    """What one replica's vLLM KV cache holds against the samples the rollouts may give it at
+    once, as a line for the start of the run (None as `replica_kv_cache`). Past what its
     cache holds, vLLM preempts samples and recomputes their caches as others end, so a replica
     runs fewer samples at once than the run gives it: every `long` row of the bench at 1.7B ran
     16 GiB caches of 137 samples against up to 640 (bench/RESULTS.md, issue 28)."""
@@ -191,10 +218,22 @@ def kv_cache_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
     line = (
         f"generator KV cache: a replica holds {cache.tokens:,} tokens ({size}), {holds:,} samples of "
         f"{longest:,} (trainer.engine.training.seq_len, or generator.vllm.max_model_len if shorter); "
-        f"the rollout gives a replica up to {asked:,} samples at "
-        f"once (rollout.threads {rollout.threads} over generator.replicas {replicas}, x prompts_per_step "
-        f"{rollout.prompts_per_step} x group_size {rollout.group_size})"
+        f"the rollout gives a replica up to {asked:,} samples at once ({rollouts_at_once(cfg)} "
+        f"rollouts at once (rollout.threads {rollout.threads}, as replay_buffer.max_policy_age allows) "
+        f"over generator.replicas {replicas}, x prompts_per_step {rollout.prompts_per_step} x group_size "
+        f"{rollout.group_size})"
     )
+    per_rollout = rollout.prompts_per_step * rollout.group_size
+    if cfg.generator.update_mode == "drain" and asked > per_rollout:
+        # forge.staleness: with the trainer ahead, the rollout that starts after the others needs
+        # the policy of the step just trained; under drain its replica first waits for every
+        # running sample to end (bench/RESULTS.md, issue 28, nineteenth session).
+        line += (
+            f". With generator.update_mode=drain, once the trainer outpaces the generators a replica runs "
+            f"one rollout at a time ({per_rollout:,} samples): each new rollout then needs the newest "
+            "policy, which a replica loads only after its running samples end; larger rollouts "
+            "(rollout.prompts_per_step) or update_mode=in_flight run more at once"
+        )
     if asked <= holds:
         return line
     needed = round_up(cache.gib * asked * longest / cache.tokens)

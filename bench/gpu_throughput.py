@@ -22,7 +22,8 @@ embedded character tokenizer (speed, not learning, is measured: every completion
 groups are kept anyway). By default every actor shares GPU 0 (`provisioner.colocate=true`).
 
 Columns, means over the timed steps (`--timed-from`, and never a step fed by the batches made
-during the first step's start-up: with `max_policy_age` A, none before step A + 2):
+during the first step's start-up: with `max_policy_age` A, none before step A + 2; cut to whole
+waves of the batches that arrive together, `batches_per_wave`):
 - timed steps: the steps the means are over;
 - s/step; tok/s: generated tokens trained per second, end to end (trained response tokens per
   step over the step time); in vain: the share of generated tokens evicted as stale;
@@ -62,7 +63,7 @@ from pathlib import Path
 
 from forge.config import load_config
 from forge.grpo.config import GRPOConfig
-from forge.runs.placement import samples_given_per_replica
+from forge.runs.placement import rollouts_at_once, samples_given_per_replica
 
 # One run each: the pipeline's staleness bound and how the generator takes new weights.
 AGE0 = ["replay_buffer.max_policy_age=0", "rollout.threads=1"]
@@ -324,8 +325,23 @@ def first_steady_step(timed_from: int, max_policy_age: int) -> int:
     return max(timed_from, max_policy_age + 2)
 
 
-def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int) -> dict:
+def batches_per_wave(cfg: GRPOConfig) -> int:
+    """The train batches that arrive together. Every response of a preset is exactly its
+    max_tokens long, so the samples that run at once end at once: one rollout a replica under
+    `drain` (each new one waits for the newest policy), every rollout the staleness bound allows
+    in flight. Steps then come in waves (whole rollouts on 2 replicas: 7.2, 2.0, 6.7, 2.3 s), and
+    a mean over part of a wave misreads the rate (bench/RESULTS.md, nineteenth session)."""
+    rollout = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    running = rollouts_at_once(cfg)
+    if cfg.generator.update_mode == "drain":
+        running = min(running, cfg.generator.replicas)
+    return max(1, running * rollout // cfg.replay_buffer.batch_size)
+
+
+def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int, wave: int = 1) -> dict:
+    """Means over the steps from `timed_from`, cut to whole waves of `wave` steps."""
     timed = [r for r in rows if r["step"] >= timed_from] or rows
+    timed = timed[: max(wave, len(timed) // wave * wave)]
 
     def over_steps(key: str, of=statistics.mean) -> float:
         values = [r[key] for r in timed if key in r]
@@ -410,7 +426,7 @@ def run(
         "MPS": "on" if mps_listening() else "off",
         "rollout": used.rollout.prompts_per_step * used.rollout.group_size,
         "given": samples_given_per_replica(used),
-        **summarize(label, [r for r in rows if r["step"] >= 1], gpu, timed_from),
+        **summarize(label, [r for r in rows if r["step"] >= 1], gpu, timed_from, batches_per_wave(used)),
     }
 
 

@@ -331,11 +331,10 @@ def batches_per_wave(cfg: GRPOConfig) -> int:
     `drain` (each new one waits for the newest policy), every rollout the staleness bound allows
     in flight. Steps then come in waves (whole rollouts on 2 replicas: 7.2, 2.0, 6.7, 2.3 s), and
     a mean over part of a wave misreads the rate (bench/RESULTS.md, nineteenth session)."""
-    rollout = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     running = rollouts_at_once(cfg)
     if cfg.generator.update_mode == "drain":
         running = min(running, cfg.generator.replicas)
-    return max(1, running * rollout // cfg.replay_buffer.batch_size)
+    return max(1, running * cfg.rollout.samples // cfg.replay_buffer.batch_size)
 
 
 def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int, wave: int = 1) -> dict:
@@ -424,7 +423,7 @@ def run(
         "preset": preset,
         **where,
         "MPS": "on" if mps_listening() else "off",
-        "rollout": used.rollout.prompts_per_step * used.rollout.group_size,
+        "rollout": used.rollout.samples,
         "given": samples_given_per_replica(used),
         **summarize(label, [r for r in rows if r["step"] >= 1], gpu, timed_from, batches_per_wave(used)),
     }

@@ -72,6 +72,11 @@ class RolloutConfig(ForgeConfigModel):
     # reference actor (train-only debugging); see forge.recipes.grpo_replay.
     replay_from: str | None = None
 
+    @property
+    def samples(self) -> int:
+        """The samples one rollout makes (one generate call, on one generator replica)."""
+        return self.prompts_per_step * self.group_size
+
 
 class ReferenceSection(ForgeConfigModel):
     # auto: run the reference model only when the loss has a KL term (loss.beta > 0).

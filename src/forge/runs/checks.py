@@ -79,7 +79,7 @@ def check_run_inputs(cfg: GRPOConfig) -> None:
 def check_environment(cfg: GRPOConfig, env_class, row: Row) -> None:
     """What the environment needs from outside (its server), checked with as many trajectories
     open at once as the run holds: each rollout thread's rows times group_size, and the eval's."""
-    sessions = cfg.rollout.threads * cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    sessions = cfg.rollout.threads * cfg.rollout.samples
     if cfg.eval.every:
         sessions += cfg.eval.num_prompts
     try:

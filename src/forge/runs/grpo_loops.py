@@ -136,7 +136,7 @@ class GRPOLoops:
         group_size = cfg.rollout.group_size
         while not self.stop.is_set():
             await wait_for_room(a.replay_buffer, self.counts, lambda: self.bound.version)
-            slot = await self.bound.start_rollout(cfg.rollout.prompts_per_step * group_size, group_size)
+            slot = await self.bound.start_rollout(cfg.rollout.samples, group_size)
             added: list[int] = []
             try:
                 async with self.pause.rollout():  # a checkpoint holds new rollouts (see RolloutPause)

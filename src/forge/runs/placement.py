@@ -173,14 +173,13 @@ def rollouts_at_once(cfg: GRPOConfig) -> int:
     rollout reserving prompts_per_step x group_size of their episodes)."""
     rollout = cfg.rollout
     ahead = (cfg.replay_buffer.max_policy_age + 1) * cfg.replay_buffer.batch_size
-    return min(rollout.threads, -(-ahead // (rollout.prompts_per_step * rollout.group_size)))
+    return min(rollout.threads, -(-ahead // rollout.samples))
 
 
 def samples_given_per_replica(cfg: GRPOConfig) -> int:
     """The most samples the rollouts give one generator replica at once: each rollout's prompts x
     group_size, the rollouts that run at once spread over the replicas."""
-    rollout = cfg.rollout
-    return -(-rollouts_at_once(cfg) // cfg.generator.replicas) * rollout.prompts_per_step * rollout.group_size
+    return -(-rollouts_at_once(cfg) // cfg.generator.replicas) * cfg.rollout.samples
 
 
 def idle_replicas_line(cfg: GRPOConfig) -> str | None:
@@ -223,14 +222,13 @@ def kv_cache_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
         f"over generator.replicas {replicas}, x prompts_per_step {rollout.prompts_per_step} x group_size "
         f"{rollout.group_size})"
     )
-    per_rollout = rollout.prompts_per_step * rollout.group_size
-    if cfg.generator.update_mode == "drain" and asked > per_rollout:
+    if cfg.generator.update_mode == "drain" and asked > rollout.samples:
         # forge.staleness: with the trainer ahead, the rollout that starts after the others needs
         # the policy of the step just trained; under drain its replica first waits for every
         # running sample to end (bench/RESULTS.md, issue 28, nineteenth session).
         line += (
             f". With generator.update_mode=drain, once the trainer outpaces the generators a replica runs "
-            f"one rollout at a time ({per_rollout:,} samples): each new rollout then needs the newest "
+            f"one rollout at a time ({rollout.samples:,} samples): each new rollout then needs the newest "
             "policy, which a replica loads only after its running samples end; larger rollouts "
             "(rollout.prompts_per_step) or update_mode=in_flight run more at once"
         )

@@ -70,6 +70,8 @@ AGE0 = ["replay_buffer.max_policy_age=0", "rollout.threads=1"]
 AGE1 = ["replay_buffer.max_policy_age=1", "rollout.threads=2"]
 # Three steps' batches in flight: what keeps 4 replicas of a quarter of a step each busy.
 AGE2 = ["replay_buffer.max_policy_age=2", "rollout.threads=3"]
+# Four: the bound that lets 4 replicas each run a whole rollout at once (forge.runs.placement).
+AGE3 = ["replay_buffer.max_policy_age=3", "rollout.threads=4"]
 # Five: with 1,024-token responses a replica's decode steps are host work whatever its batch
 # (bench/RESULTS.md, eleventh session), so more sequences in flight are the lever left.
 AGE4 = ["replay_buffer.max_policy_age=4", "rollout.threads=5"]
@@ -86,6 +88,7 @@ VARIANTS = {
     "age1-drain": AGE1 + ["generator.update_mode=drain"],
     "age1-in_flight": AGE1 + ["generator.update_mode=in_flight"],
     "age2-drain": AGE2 + ["generator.update_mode=drain"],
+    "age3-drain": AGE3 + ["generator.update_mode=drain"],
     "age4-drain": AGE4 + ["generator.update_mode=drain"],
     # In flight with the running requests' caches kept: no pause at an update, so a replica
     # stays as full as the staleness bound allows (drain holds new requests back until its

@@ -138,10 +138,18 @@ def test_service_routing_and_replica_replacement():
         assert len(set(pids)) == 2
         pid_of = {r.name: pid for r, pid in zip(svc.replicas, pids, strict=True)}
 
-        # Round robin alternates between the two replicas.
+        # Calls made one after another take turns between the two replicas.
         routed = [await svc.pid.route() for _ in range(4)]
-        assert set(routed) == set(pids)
-        assert routed[0] != routed[1]
+        assert routed[0] != routed[1] and routed[:2] == routed[2:]
+
+        # While one replica runs a long call, every call goes to the idle one (in turn, every
+        # other call would wait behind the long one: a rollout behind a busy generator replica).
+        long_call = asyncio.ensure_future(svc.slow_pid.route(3.0))
+        await _wait_until(lambda: any(r.inflight for r in svc.replicas), 5, "the long call to start")
+        busy_pid = pid_of[next(r for r in svc.replicas if r.inflight).name]
+        assert {await svc.pid.route() for _ in range(3)} == set(pids) - {busy_pid}
+        assert not long_call.done()
+        assert await long_call == busy_pid
 
         # A session sticks to one replica: its state accumulates on that replica only.
         async with svc.session():

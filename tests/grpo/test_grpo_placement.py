@@ -220,20 +220,44 @@ def test_the_kv_cache_line_says_when_a_replica_is_given_more_samples_than_its_ca
     assert "tokens (0.25 GiB)" in line(on_gpu=False)
 
 
-def test_replicas_that_no_rollout_would_keep_busy_are_named(write_grpo_config):
+def test_replicas_that_no_rollout_would_keep_busy_or_that_wait_for_the_trainer_are_named(write_grpo_config):
     config = write_grpo_config()
 
-    def line(*overrides: str) -> str | None:
-        return idle_replicas_line(load_config(GRPOConfig, config, ["generator.replicas=4", *overrides]))
+    def line(*overrides: str, on_gpu: bool = True) -> str | None:
+        cfg = load_config(GRPOConfig, config, ["generator.replicas=4", *overrides])
+        return idle_replicas_line(cfg, on_gpu)
 
     # Each rollout is a whole batch of 8: max_policy_age 1 lets two be made ahead of training.
     whole = ["rollout.threads=4", "rollout.prompts_per_step=2", "replay_buffer.batch_size=8"]
     assert re.search(r"idle: 2 rollout\(s\) run at once .* of the 4 generator.replicas", line(*whole))
-    # Either remedy it names gives every replica a rollout.
-    assert line(*whole, "replay_buffer.max_policy_age=3") is None
-    assert line("rollout.threads=4", "rollout.prompts_per_step=1", "replay_buffer.batch_size=8") is None
     # Two threads: two replicas idle whatever the bound.
     assert "idle: 2 rollout(s)" in line("replay_buffer.max_policy_age=3")
+    # max_policy_age 3 gives each replica a rollout and none more: a replica whose rollout ends
+    # waits for a train step and its publish. One rollout of slack, at the age the line names, ends it.
+    assert "wait for the trainer: replay_buffer.max_policy_age 3 lets 4 x batch_size 8" in line(
+        *whole, "replay_buffer.max_policy_age=3"
+    )
+    assert "max_policy_age 4 lets it start at once" in line(*whole, "replay_buffer.max_policy_age=3")
+    assert line(*whole, "replay_buffer.max_policy_age=4") is None
+    # Half a batch a rollout: max_policy_age 1 lets 4 be made ahead, 2 the slack of a fifth.
+    split = ["rollout.threads=4", "rollout.prompts_per_step=1", "replay_buffer.batch_size=8"]
+    assert "max_policy_age 2 lets it start at once" in line(*split)
+    assert line(*split, "replay_buffer.max_policy_age=2") is None
+    # On policy, each rollout waits for the step before by design: not named.
+    assert line(*split, "replay_buffer.max_policy_age=0", "replay_buffer.batch_size=16") is None
+    # One replica beside the trainer (colocated) takes turns with it on the GPU anyway; on a GPU
+    # of its own it idles as the trainer trains. (Rollouts of two batches, max_policy_age 1.)
+    one = [
+        "generator.replicas=1",
+        "rollout.threads=2",
+        "rollout.prompts_per_step=4",
+        "replay_buffer.batch_size=8",
+    ]
+    assert line(*one, "provisioner.colocate=true") is None
+    assert "max_policy_age 2 lets it start at once" in line(*one)
+    # On CPU every actor shares the cores: not named; replicas no rollout keeps busy are.
+    assert line(*one, on_gpu=False) is None
+    assert "idle: 2 rollout(s)" in line("replay_buffer.max_policy_age=3", on_gpu=False)
 
 
 def test_a_kv_cache_that_cannot_hold_one_sample_is_refused_before_any_process_starts(

@@ -121,13 +121,11 @@ class ForgeActor(Actor):
         return service
 
     @classmethod
-    async def as_service(
-        cls, *args: Any, routing: str = "round_robin", probe: Probe | None = None, **kwargs: Any
-    ) -> Service:
+    async def as_service(cls, *args: Any, probe: Probe | None = None, **kwargs: Any) -> Service:
         """Starts `num_replicas` copies, each on its own mesh, behind one `Service` handle;
         a copy that dies is replaced. With `probe`, idle replicas that stop answering are
         replaced too (forge.controller.liveness)."""
-        service = Service(cls, args, kwargs, num_replicas=cls.num_replicas, routing=routing, probe=probe)
+        service = Service(cls, args, kwargs, num_replicas=cls.num_replicas, probe=probe)
         await service.start()
         return service
 

@@ -27,6 +27,7 @@ class Replica:
     ranks: int = 1
     healthy: bool = True
     inflight: int = 0
+    last_chosen: int = -1  # the service's count of calls routed when it last took one
     served: int = 0
     failures: int = 0
     probing: bool = False

@@ -5,7 +5,7 @@ replaces one that dies; `as_actor()` starts a lone actor: one replica that nothi
 Either is called the same way:
 
     svc = await Policy.options(num_replicas=2).as_service(model_path)
-    out = await svc.generate.route(prompt)              # one replica (round robin or least loaded)
+    out = await svc.generate.route(prompt)              # one replica: the least busy
     out = await svc.generate.route_within(60, prompt)   # the same, answered within 60 s
     outs = await svc.update_weights.fanout(v)           # every healthy replica
     async with svc.session():                           # calls in here stick to one replica
@@ -52,7 +52,6 @@ from forge.observability import Reduce, record_metric
 
 logger = logging.getLogger(__name__)
 
-ROUTINGS = ("round_robin", "least_loaded")
 # How long a call waits, while every replica is being replaced, for one to be back (a vLLM
 # replica's cold start on a GPU takes about two minutes).
 REPLACEMENT_WAIT_S = 600.0
@@ -116,13 +115,10 @@ class Service:
         args: tuple,
         kwargs: dict,
         num_replicas: int,
-        routing: str = "round_robin",
         health_interval_s: float = 0.2,
         probe: Probe | None = None,
         replace_failed: bool = True,
     ):
-        if routing not in ROUTINGS:
-            raise ValueError(f"unknown routing '{routing}'; choose one of {ROUTINGS}")
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
         if not replace_failed and (num_replicas != 1 or probe is not None):
@@ -130,12 +126,11 @@ class Service:
         self._cls = actor_cls
         self._args, self._kwargs = args, kwargs
         self._num_replicas = num_replicas
-        self._routing = routing
         self._health_interval_s = health_interval_s
         self._probe = probe
         self._probes: set[asyncio.Task] = set()
         self._name = actor_cls._actor_class().__name__
-        self._rr = itertools.count()
+        self._turns = itertools.count()
         self.replicas: list[Replica] = []
         # False: a lone actor (`as_actor`), whose death or hang is the program's to handle.
         self.replaces_failed_replicas = replace_failed
@@ -268,11 +263,12 @@ class Service:
             chosen = next((r for r in self.replicas if r.index == sticky.get(self) and r.healthy), None)
             if chosen is not None:
                 return chosen
-        healthy = self._healthy()
-        if self._routing == "least_loaded":
-            chosen = min(healthy, key=lambda r: r.inflight)
-        else:
-            chosen = healthy[next(self._rr) % len(healthy)]
+        # The replica with the fewest calls in flight, of those the one chosen longest ago: calls
+        # made one after another take turns, and a call never waits behind a busy replica while
+        # another is idle (a GRPO rollout is one long generate call; sent in turn to a replica
+        # still running its last, it would wait there for that one to end while another idled).
+        chosen = min(self._healthy(), key=lambda r: (r.inflight, r.last_chosen))
+        chosen.last_chosen = next(self._turns)
         if sticky is not None:
             sticky[self] = chosen.index
         return chosen

@@ -78,7 +78,8 @@ async def run(cfg: GRPOConfig, plan: GpuPlan | None, report: Report) -> dict:
         if plan is not None:
             report(plan.describe(visible_gpus()))
         if not cfg.rollout.replay_from:
-            for line in (kv_cache_line(cfg, torch.cuda.is_available()), idle_replicas_line(cfg)):
+            on_gpu = torch.cuda.is_available()
+            for line in (kv_cache_line(cfg, on_gpu), idle_replicas_line(cfg, on_gpu)):
                 if line is not None:
                     report(line)
         await init_provisioner(cfg.provisioner, seed=cfg.seed, plan=plan)

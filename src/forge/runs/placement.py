@@ -1,7 +1,7 @@
 """A GRPO run's GPU placement: its config as a request to the planner (`forge.controller.gpu_plan`),
 made before any process starts (a refusal names the keys) and printed at start-up, with what each
 generator replica's KV cache holds against the samples the rollouts give it, and the replicas that
-no rollout would keep busy."""
+no rollout would keep busy or that would wait for the trainer."""
 
 from __future__ import annotations
 
@@ -167,13 +167,17 @@ def check_kv_cache(cfg: GRPOConfig, on_gpu: bool) -> None:
     )
 
 
+def bound_rollouts(cfg: GRPOConfig) -> int:
+    """The rollouts the staleness bound lets be made ahead of training (`forge.staleness`:
+    max_policy_age + 1 batches, each rollout reserving prompts_per_step x group_size episodes)."""
+    ahead = (cfg.replay_buffer.max_policy_age + 1) * cfg.replay_buffer.batch_size
+    return -(-ahead // cfg.rollout.samples)
+
+
 def rollouts_at_once(cfg: GRPOConfig) -> int:
     """The most rollouts that run at once: one a rollout thread, and no more than the staleness
-    bound lets be made ahead of training (`forge.staleness`: max_policy_age + 1 batches, each
-    rollout reserving prompts_per_step x group_size of their episodes)."""
-    rollout = cfg.rollout
-    ahead = (cfg.replay_buffer.max_policy_age + 1) * cfg.replay_buffer.batch_size
-    return min(rollout.threads, -(-ahead // rollout.samples))
+    bound lets be made ahead of training (`bound_rollouts`)."""
+    return min(cfg.rollout.threads, bound_rollouts(cfg))
 
 
 def samples_given_per_replica(cfg: GRPOConfig) -> int:
@@ -182,20 +186,42 @@ def samples_given_per_replica(cfg: GRPOConfig) -> int:
     return -(-rollouts_at_once(cfg) // cfg.generator.replicas) * cfg.rollout.samples
 
 
-def idle_replicas_line(cfg: GRPOConfig) -> str | None:
-    """A line for the start of the run when fewer rollouts run at once than there are generator
-    replicas (a rollout runs on one replica): the others wait, whatever their GPUs. None otherwise."""
+def idle_replicas_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
+    """A line for the start of the run when generator replicas will idle, None otherwise (a
+    rollout runs on one replica):
+    - fewer rollouts run at once than there are replicas: the others never get one;
+    - the staleness bound lets exactly one rollout a replica be made ahead of training: a replica
+      whose rollout ends must wait for the trainer to train a batch and publish the weights before
+      it may start its next (`forge.staleness`: the slot frees when a step has trained, and the
+      rollout then needs the version just published). One rollout of slack lets it start at once.
+      (The 4-GPU rows of bench/RESULTS.md's twentieth session, issue 28, ran so: max_policy_age 3
+      over 4 replicas of whole rollouts.) Not named: on-policy runs (max_policy_age
+      0), which wait so by design, and where generation and training take turns on one device
+      anyway: on CPU, and one replica beside the trainer (provisioner.colocate) on a GPU."""
     rollout, buffer, replicas = cfg.rollout, cfg.replay_buffer, cfg.generator.replicas
     running = rollouts_at_once(cfg)
-    if running >= replicas:
+    ahead = (
+        f"replay_buffer.max_policy_age {buffer.max_policy_age} lets {buffer.max_policy_age + 1} x batch_size "
+        f"{buffer.batch_size} episodes be made ahead of training, rollouts of prompts_per_step "
+        f"{rollout.prompts_per_step} x group_size {rollout.group_size}"
+    )
+    if running < replicas:
+        return (
+            f"generator replicas idle: {running} rollout(s) run at once and each runs on one of the "
+            f"{replicas} generator.replicas (rollout.threads {rollout.threads}; {ahead}): raise "
+            "rollout.threads or max_policy_age, or lower rollout.prompts_per_step, to give each replica one"
+        )
+    shares_the_trainers_device = not on_gpu or (replicas == 1 and cfg.provisioner.colocate)
+    if buffer.max_policy_age == 0 or shares_the_trainers_device or bound_rollouts(cfg) > replicas:
         return None
+    # The least age whose bound exceeds the replicas' rollouts: (age + 1) x batch_size > replicas x samples.
+    slack = replicas * rollout.samples // buffer.batch_size
     return (
-        f"generator replicas idle: {running} rollout(s) run at once and each runs on one of the "
-        f"{replicas} generator.replicas (rollout.threads {rollout.threads}; replay_buffer.max_policy_age "
-        f"{buffer.max_policy_age} lets {buffer.max_policy_age + 1} x batch_size {buffer.batch_size} "
-        f"episodes be made ahead of training, rollouts of prompts_per_step {rollout.prompts_per_step} x "
-        f"group_size {rollout.group_size}): raise rollout.threads or max_policy_age, or lower "
-        "rollout.prompts_per_step, to give each replica one"
+        f"generator replicas wait for the trainer: {ahead}, so {replicas} rollouts at once, one for each "
+        f"of the {replicas} generator.replicas and none more. A replica whose rollout ends starts its "
+        "next only once the trainer has trained a batch and published the weights; "
+        f"replay_buffer.max_policy_age {slack} lets it start at once (its episodes then up to {slack} "
+        "versions old)"
     )
 
 

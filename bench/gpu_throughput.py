@@ -70,7 +70,9 @@ AGE0 = ["replay_buffer.max_policy_age=0", "rollout.threads=1"]
 AGE1 = ["replay_buffer.max_policy_age=1", "rollout.threads=2"]
 # Three steps' batches in flight: what keeps 4 replicas of a quarter of a step each busy.
 AGE2 = ["replay_buffer.max_policy_age=2", "rollout.threads=3"]
-# Four: the bound that lets 4 replicas each run a whole rollout at once (forge.runs.placement).
+# Four threads, one a replica of 4 running whole rollouts. max_policy_age 3 lets exactly 4 be made
+# ahead, no slack: a replica whose rollout ends waits for a train step (bench/RESULTS.md, twentieth
+# session); `replay_buffer.max_policy_age=4` after it gives the slack of a fifth.
 AGE3 = ["replay_buffer.max_policy_age=3", "rollout.threads=4"]
 # Five: with 1,024-token responses a replica's decode steps are host work whatever its batch
 # (bench/RESULTS.md, eleventh session), so more sequences in flight are the lever left.

@@ -85,3 +85,31 @@ def test_a_failed_rollout_releases_its_reservation(age):
         await waiting
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_a_rollout_slot_frees_only_when_a_step_has_trained_so_replicas_need_one_of_slack(replicas):
+    """One whole-batch rollout for each generator replica (forge.runs.placement's
+    `idle_replicas_line`): when max_policy_age lets exactly that many be made ahead, a replica
+    whose rollout ends may start its next only once the trainer has trained a batch, and then on
+    the version just trained. One rollout of slack lets it start at once, on the policy it has."""
+
+    async def main():
+        tight = StalenessBound(max_policy_age=replicas - 1, batch_size=4)
+        for _ in range(replicas):
+            assert await tight.start_rollout(4) == (0, 4)
+        await tight.finish_rollout(4, [0] * 4)  # the first replica's rollout ends
+        next_rollout = await _blocked(tight.start_rollout(4))
+        await tight.wait_for_batch()  # the trainer takes the batch...
+        await asyncio.sleep(0.01)
+        assert not next_rollout.done()  # ...and the replica still waits, for the step to end
+        await tight.trained([0] * 4)
+        assert await next_rollout == (1, 4)  # the version the step just made
+
+        roomy = StalenessBound(max_policy_age=replicas, batch_size=4)
+        for _ in range(replicas):
+            await roomy.start_rollout(4)
+        await roomy.finish_rollout(4, [0] * 4)
+        assert await asyncio.wait_for(roomy.start_rollout(4), 1) == (0, 4)
+
+    asyncio.run(main())

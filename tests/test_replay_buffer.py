@@ -89,6 +89,17 @@ def test_sample_evicts_stale_episodes_counts_them_and_splits_per_rank():
     assert len(buffer) == 1  # 5 fresh, 4 sampled: each episode is trained on at most once
 
 
+def test_sample_takes_the_oldest_episodes_first_then_in_arrival_order():
+    """The staleness bound plans each rollout for the step after the episodes ahead of it; an
+    older episode passed over for a newer one would go stale before its step comes."""
+    buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=2, max_policy_age=5))
+    for i, v in enumerate((2, 1, 0, 1, 0, 1)):
+        buffer.add(episode(v, advantage=float(i)))
+    batches = [buffer.sample(2)[0] for _ in range(3)]
+    assert [sorted(e.advantage for e in b) for b in batches] == [[2.0, 4.0], [1.0, 3.0], [0.0, 5.0]]
+    assert buffer.counts["evicted_stale"] == 0
+
+
 def test_sample_returns_none_until_a_full_batch_is_fresh():
     buffer = EpisodeBuffer(ReplayBufferConfig(batch_size=2, max_policy_age=0))
     buffer.add(episode(0))

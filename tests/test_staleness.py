@@ -17,14 +17,15 @@ async def _blocked(coroutine) -> asyncio.Task:
 def test_lockstep_with_max_policy_age_zero():
     async def main():
         bound = StalenessBound(max_policy_age=0, batch_size=8)
-        assert await bound.start_rollout(8, group_size=2) == RolloutSlot(0, 8)
+        first = await bound.start_rollout(8, group_size=2)
+        assert first == RolloutSlot(0, 8)
         # 8 episodes in flight cover the next batch: a second rollout waits.
         second = await _blocked(bound.start_rollout(8, group_size=2))
         batch = await _blocked(bound.wait_for_batch())
-        await bound.finish_rollout(8, [0] * 6)  # a group had no signal
+        await bound.finish_rollout(first, [0] * 6)  # a group had no signal
         # On-policy, a rollout stays whole (as the serial recipe's) however few the batch lacks.
         assert await second == RolloutSlot(0, 8) and not batch.done()
-        await bound.finish_rollout(8, [0] * 6)
+        await bound.finish_rollout(await second, [0] * 6)
         await batch
         third = await _blocked(bound.start_rollout(8, group_size=2))  # 12 buffered: enough until trained
         await bound.trained([0] * 8)
@@ -37,12 +38,13 @@ def test_lockstep_with_max_policy_age_zero():
 def test_one_step_of_staleness_keeps_two_batches_coming():
     async def main():
         bound = StalenessBound(max_policy_age=1, batch_size=4)
-        assert [await bound.start_rollout(4), await bound.start_rollout(4)] == [(0, 4), (0, 4)]
+        slots = [await bound.start_rollout(4), await bound.start_rollout(4)]
+        assert slots == [(0, 4), (0, 4)]
         blocked = await _blocked(bound.start_rollout(4))
-        await bound.finish_rollout(4, [0] * 4)
-        await bound.finish_rollout(4, [0] * 3)
+        await bound.finish_rollout(slots[0], [0] * 4)
+        await bound.finish_rollout(slots[1], [0] * 3)
         assert await blocked == (0, 1)  # 7 buffered, 1 short of two batches
-        await bound.finish_rollout(1, [0])
+        await bound.finish_rollout(await blocked, [0])
         await bound.trained([0] * 4)
         # Version 0 episodes stay trainable for one more step, which they fill: a rollout now is
         # for the step after it, so it needs version 1.
@@ -50,8 +52,7 @@ def test_one_step_of_staleness_keeps_two_batches_coming():
         await bound.trained([0] * 4)
         assert bound.buffered() == 0 and bound.min_rollout_version == 1
         # Episodes that arrive already too old are not counted (the buffer evicts them).
-        await bound.start_rollout(4)
-        await bound.finish_rollout(4, [0, 0, 2, 2])
+        await bound.finish_rollout(await bound.start_rollout(4), [0, 0, 2, 2])
         assert bound.buffered() == 2
 
 
@@ -61,10 +62,11 @@ def test_a_rollout_needs_the_version_of_the_step_that_will_train_it():
 
     async def main():
         bound = StalenessBound(max_policy_age=1, batch_size=4)
-        assert await bound.start_rollout(4) == (0, 4)  # trained by step 0 (starts from version 0)
-        assert await bound.start_rollout(4) == (0, 4)  # by step 1: version 0 is still fresh then
-        await bound.finish_rollout(4, [0] * 4)
-        await bound.finish_rollout(4, [0] * 4)
+        first, second = await bound.start_rollout(4), await bound.start_rollout(4)
+        assert first == (0, 4)  # trained by step 0 (starts from version 0)
+        assert second == (0, 4)  # by step 1: version 0 is still fresh then
+        await bound.finish_rollout(first, [0] * 4)
+        await bound.finish_rollout(second, [0] * 4)
         await bound.trained([0] * 4)
         await bound.trained([0] * 4)
         await bound.start_rollout(4)
@@ -79,9 +81,9 @@ def test_a_rollout_needs_the_version_of_the_step_that_will_train_it():
 def test_a_failed_rollout_releases_its_reservation(age):
     async def main():
         bound = StalenessBound(max_policy_age=age, batch_size=4)
-        await bound.start_rollout(4 * (age + 1))
+        failed = await bound.start_rollout(4 * (age + 1))
         waiting = await _blocked(bound.start_rollout(4))
-        await bound.finish_rollout(4 * (age + 1), [])
+        await bound.finish_rollout(failed, [])
         await waiting
 
     asyncio.run(main())
@@ -96,9 +98,9 @@ def test_a_rollout_slot_frees_only_when_a_step_has_trained_so_replicas_need_one_
 
     async def main():
         tight = StalenessBound(max_policy_age=replicas - 1, batch_size=4)
-        for _ in range(replicas):
-            assert await tight.start_rollout(4) == (0, 4)
-        await tight.finish_rollout(4, [0] * 4)  # the first replica's rollout ends
+        slots = [await tight.start_rollout(4) for _ in range(replicas)]
+        assert slots == [(0, 4)] * replicas
+        await tight.finish_rollout(slots[0], [0] * 4)  # the first replica's rollout ends
         next_rollout = await _blocked(tight.start_rollout(4))
         await tight.wait_for_batch()  # the trainer takes the batch...
         await asyncio.sleep(0.01)
@@ -107,9 +109,32 @@ def test_a_rollout_slot_frees_only_when_a_step_has_trained_so_replicas_need_one_
         assert await next_rollout == (1, 4)  # the version the step just made
 
         roomy = StalenessBound(max_policy_age=replicas, batch_size=4)
-        for _ in range(replicas):
-            await roomy.start_rollout(4)
-        await roomy.finish_rollout(4, [0] * 4)
+        slots = [await roomy.start_rollout(4) for _ in range(replicas)]
+        await roomy.finish_rollout(slots[0], [0] * 4)
         assert await asyncio.wait_for(roomy.start_rollout(4), 1) == (0, 4)
+
+    asyncio.run(main())
+
+
+def test_a_step_waits_for_a_rollout_in_flight_that_it_is_the_last_to_be_able_to_train():
+    """Rollouts end out of order. The step that is the last able to train a rollout still in
+    flight waits for it rather than train a later rollout's batch, which would leave the earlier
+    one too old for any step (its tokens generated in vain)."""
+
+    async def main():
+        bound = StalenessBound(max_policy_age=1, batch_size=4)
+        early, late = await bound.start_rollout(4), await bound.start_rollout(4)
+        assert early == late == (0, 4)  # planned for steps 0 and 1, on version 0
+        await bound.finish_rollout(late, [0] * 4)  # the later one ends first
+        await bound.wait_for_batch()  # step 0: version 0 is fresh at step 1 too, so no wait
+        await bound.trained([0] * 4)
+        third = await bound.start_rollout(4)
+        assert third == (1, 4)
+        await bound.finish_rollout(third, [1] * 4)
+        # Step 1 is the last that can train `early`: it waits although a batch is buffered.
+        batch = await _blocked(bound.wait_for_batch())
+        await bound.finish_rollout(early, [0] * 4)
+        await asyncio.wait_for(batch, 1)
+        assert bound.buffered() == 8
 
     asyncio.run(main())

@@ -13,9 +13,13 @@ with the trainer at version T (the version the next train step starts from), a r
     version less max_policy_age (the generator waits for it), whatever version it ends with:
     a rollout that starts on an old policy and continues on newer ones (in-flight weight
     updates) is as old as its first token.
-Otherwise the rollout loops pause, and the training loop never waits for a generator except
-for a batch. With max_policy_age 0 and one rollout loop this makes the pipeline serial, step
-for step the same as `forge.recipes.grpo_serial`.
+Otherwise the rollout loops pause. Rollouts end out of the order they started in (replicas run
+at different speeds, responses differ in length), so the training loop keeps that plan too:
+the buffer hands out its oldest episodes first, and a step that is the last able to train a
+rollout still in flight (one that needs policy version T - max_policy_age or older) waits for
+it rather than train newer episodes and leave it to go stale. Besides that, the training loop
+waits for a generator only for a batch. With max_policy_age 0 and one rollout loop this makes
+the pipeline serial, step for step the same as `forge.recipes.grpo_serial`.
 
 All of it runs on the controller's event loop: the counts mirror the buffer from what the
 rollouts added and what the training loop sampled, with no round trip.
@@ -43,21 +47,29 @@ class StalenessBound:
         self.batch_size = batch_size
         self.version = 0  # of the policy the next train step starts from
         self._buffered: Counter[int] = Counter()  # policy version -> episodes in the buffer
-        self._in_flight = 0
+        self._in_flight: Counter[int] = Counter()  # a rollout's oldest policy -> episodes reserved
         self._changed = asyncio.Condition()
 
     @property
     def min_rollout_version(self) -> int:
         """The oldest policy a rollout starting now may use: the version of the step that will
         train it (after the episodes ahead of it), less max_policy_age."""
-        steps_ahead = (self.buffered() + self._in_flight) // self.batch_size
+        steps_ahead = (self.buffered() + self.in_flight()) // self.batch_size
         return max(0, self.version + steps_ahead - self.max_policy_age)
 
     def buffered(self) -> int:
         return sum(self._buffered.values())
 
+    def in_flight(self) -> int:
+        return sum(self._in_flight.values())
+
     def _room(self) -> int:
-        return (self.max_policy_age + 1) * self.batch_size - self.buffered() - self._in_flight
+        return (self.max_policy_age + 1) * self.batch_size - self.buffered() - self.in_flight()
+
+    def _due_in_flight(self) -> bool:
+        """Whether a rollout in flight may use a policy so old that the next step is the last
+        that can train it."""
+        return any(version + self.max_policy_age <= self.version for version in self._in_flight)
 
     async def start_rollout(self, episodes: int, group_size: int = 1) -> RolloutSlot:
         """Waits until a rollout is worth starting; reserves up to `episodes` of it, as many
@@ -68,13 +80,15 @@ class StalenessBound:
             reserved = episodes
             if self.max_policy_age > 0:  # on-policy, rollouts stay whole: as the serial recipe's
                 reserved = min(episodes, math.ceil(self._room() / group_size) * group_size)
-            self._in_flight += reserved
+            self._in_flight[min_version] += reserved
         return RolloutSlot(min_version, reserved)
 
-    async def finish_rollout(self, reserved: int, added_versions: Iterable[int]) -> None:
-        """The rollout that reserved `reserved` added episodes of these policy versions."""
+    async def finish_rollout(self, slot: RolloutSlot, added_versions: Iterable[int]) -> None:
+        """The rollout given `slot` added episodes of these policy versions."""
         async with self._changed:
-            self._in_flight -= reserved
+            self._in_flight[slot.min_version] -= slot.episodes
+            if self._in_flight[slot.min_version] <= 0:
+                del self._in_flight[slot.min_version]
             for version in added_versions:
                 if self.version - version <= self.max_policy_age:
                     self._buffered[version] += 1
@@ -87,8 +101,11 @@ class StalenessBound:
         self._buffered = Counter(v for v in buffered_versions if version - v <= self.max_policy_age)
 
     async def wait_for_batch(self) -> None:
+        """Until a batch is buffered and no rollout in flight is due at this step."""
         async with self._changed:
-            await self._changed.wait_for(lambda: self.buffered() >= self.batch_size)
+            await self._changed.wait_for(
+                lambda: self.buffered() >= self.batch_size and not self._due_in_flight()
+            )
 
     async def trained(self, sampled_versions: Iterable[int]) -> None:
         """A train step took these episodes and produced the next version; the buffer will

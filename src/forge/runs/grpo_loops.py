@@ -158,7 +158,7 @@ class GRPOLoops:
                         critic=a.critic,
                     )
             finally:
-                await self.bound.finish_rollout(slot.episodes, added)
+                await self.bound.finish_rollout(slot, added)
 
     async def _next_batch(self, version: int):
         await self.bound.wait_for_batch()

@@ -32,6 +32,9 @@ waves of the batches that arrive together, `batches_per_wave`):
   ran at once, mean over its engine steps and most (fewer than given when its KV cache is full,
   and one rollout's under `drain` once the trainer is ahead);
 - train s: the trainer's own step (forward, backward, optimizer);
+- rollout s: a rollout's trajectories (its generate call, from the controller); score+add ms:
+  its scoring and buffer calls after them; slot wait s: what the rollout loops waited per step
+  for the staleness bound's room, summed over them (a loop's replica idles meanwhile);
 - wait batch / sync wait: what the training loop waited for per step (a batch; its weight
   publish); load ms: vLLM's in-place load of a version; ready ms: from the trainer starting
   a publish to the generator sampling with it (one host: the CUDA IPC handle carries the time),
@@ -370,6 +373,12 @@ def summarize(label: str, rows: list[dict], gpu: GpuSampler, timed_from: int, wa
         "running max": over_steps("generator/running_samples_max", max),
         "train s": over_steps("trainer/step_s"),
         "wait batch ms": over_steps("grpo/wait_batch_ms"),
+        # A rollout loop's cycle: its trajectories (the generate call), then its scoring and buffer
+        # calls, then its wait for the staleness bound's room (summed over the loops), while its
+        # replica has nothing of it to run.
+        "rollout s": over_steps("rollout/trajectories_s"),
+        "score+add ms": (over_steps("rollout/score_s") + over_steps("rollout/add_s")) * 1e3,
+        "slot wait s": over_steps("rollout/wait_for_slot_s"),
         "sync wait ms": over_steps("grpo/weight_sync_ms"),
         # Medians: the second version's load also checks the copy plan against vLLM's loader.
         "load ms": over_steps("generator/weight_load_ms", statistics.median),

@@ -66,6 +66,16 @@ def test_the_trainer_profile_covers_its_step_and_the_publish_after_it(recorded_r
     assert not (run_dir / "profile" / "trainer_rank0_step1.txt").exists()
 
 
+def test_every_step_row_says_how_long_the_rollouts_stages_took(recorded_run):
+    # What a generator replica waits for between two rollouts of a loop is that loop's scoring
+    # and buffer calls: the stages are timed apart.
+    run_dir, _ = recorded_run
+    for row in metric_rows(run_dir)[1:]:
+        stages = [row[f"rollout/{stage}_s"] for stage in ("trajectories", "score", "add")]
+        assert all(seconds > 0 for seconds in stages), row
+        assert row["rollout/wait_for_slot_s"] >= 0  # and the wait for the staleness bound's room
+
+
 def test_every_eval_from_step_0_is_a_metrics_row_with_wall_time(recorded_run):
     run_dir, history = recorded_run
     rows = metric_rows(run_dir)

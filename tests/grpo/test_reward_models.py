@@ -111,7 +111,10 @@ def test_a_rollout_is_scored_in_batched_calls_and_the_judges_answers_are_kept(cl
     assert flat_values(scored, "rm") == pytest.approx(expected_scores(classifier), abs=1e-5)
     judge_config = models.sources[1].config
     answers = [notes["judge"] for group in scored for _, _, notes in group]
-    assert len(answers) == 8 and all(isinstance(a, str) and a for a in answers)
+    # Each kept as the judge wrote it. The random judge may write nothing to a question (its
+    # greedy first token the end, as the CPU's float sums fall: one CI run's answers had one ''),
+    # but not to all of them.
+    assert len(answers) == 8 and all(isinstance(a, str) for a in answers) and any(answers)
     parsed = [judge_config.parse.score(a) for a in answers]
     assert flat_values(scored, "judge") == [ERROR_REWARD if p is None else p for p in parsed]
     # The random judge does not answer as asked: each unparsable answer is an error, counted.

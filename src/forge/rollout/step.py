@@ -238,12 +238,16 @@ async def rollout_step(
     (None: the group advantages alone) gives them per-token advantages. The `recorder` gets the groups that entered the buffer.
     """
     counts = counts if counts is not None else RolloutCounts()
+    # Each stage's seconds: what a generator replica waits for between two of a loop's rollouts
+    # is this loop's work outside `rollout/trajectories_s`.
+    started = time.perf_counter()
     rows = await dataset.sample_batch.route(prompts_per_step)
     try:
         groups = await rollouts.groups(rows, [r["index"] for r in rows], min_version, group_size)
     except (ReplicaFailedError, NoHealthyReplicaError):  # the service is replacing the replica
         groups = [None] * len(rows)
         await asyncio.sleep(0.5)
+    started = _record_stage("rollout/trajectories_s", started)
     failed = sum(g is None for g in groups)
     counts.groups_failed += failed
     record_metric("rollout/groups_failed", failed, Reduce.SUM)
@@ -269,7 +273,16 @@ async def rollout_step(
     if not episodes:
         return []
     await add_token_scores(episodes, reference, teacher, token_advantages, critic)
+    started = _record_stage("rollout/score_s", started)
     await replay_buffer.add_many.route(episodes)
     if recorder is not None:
         recorder.record_groups(kept)
+    _record_stage("rollout/add_s", started)
     return [e.policy_version for e in episodes]
+
+
+def _record_stage(name: str, started: float) -> float:
+    """Records the seconds since `started` under `name`; returns now, the next stage's start."""
+    now = time.perf_counter()
+    record_metric(name, now - started, Reduce.MEAN)
+    return now

@@ -136,7 +136,10 @@ class GRPOLoops:
         group_size = cfg.rollout.group_size
         while not self.stop.is_set():
             await wait_for_room(a.replay_buffer, self.counts, lambda: self.bound.version)
+            waited_from = time.perf_counter()
             slot = await self.bound.start_rollout(cfg.rollout.samples, group_size)
+            # Time the loop's generator replica may idle for the staleness bound (forge.staleness).
+            record_metric("rollout/wait_for_slot_s", time.perf_counter() - waited_from, Reduce.SUM)
             added: list[int] = []
             try:
                 async with self.pause.rollout():  # a checkpoint holds new rollouts (see RolloutPause)

@@ -131,10 +131,14 @@ def test_a_step_waits_for_a_rollout_in_flight_that_it_is_the_last_to_be_able_to_
         third = await bound.start_rollout(4)
         assert third == (1, 4)
         await bound.finish_rollout(third, [1] * 4)
-        # Step 1 is the last that can train `early`: it waits although a batch is buffered.
+        # Step 1 is the last that can train `early`: it waits although a batch is buffered, and
+        # a starving trainer's report would say so.
         batch = await _blocked(bound.wait_for_batch())
+        assert (
+            "the next step is the last able to train it (replay_buffer.max_policy_age=1)" in bound.due_line()
+        )
         await bound.finish_rollout(early, [0] * 4)
         await asyncio.wait_for(batch, 1)
-        assert bound.buffered() == 8
+        assert bound.buffered() == 8 and bound.due_line() is None
 
     asyncio.run(main())

@@ -71,6 +71,17 @@ class StalenessBound:
         that can train it."""
         return any(version + self.max_policy_age <= self.version for version in self._in_flight)
 
+    def due_line(self) -> str | None:
+        """Why the next step waits although a batch may be buffered (for a starving trainer's
+        report), or None."""
+        if not self._due_in_flight():
+            return None
+        return (
+            "A rollout still in flight may use a policy so old that the next step is the last able to "
+            f"train it (replay_buffer.max_policy_age={self.max_policy_age}): the step waits for it rather "
+            "than let it go stale. A rollout this slow is stuck (generator.deadline bounds each call)."
+        )
+
     async def start_rollout(self, episodes: int, group_size: int = 1) -> RolloutSlot:
         """Waits until a rollout is worth starting; reserves up to `episodes` of it, as many
         whole groups of `group_size` as the next steps lack, and says which policy it needs."""

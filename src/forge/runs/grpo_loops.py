@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,15 +186,19 @@ class GRPOLoops:
     async def _training(self, progress: Progress) -> dict:
         """Waits only for a batch; publishing the new weights overlaps the next step."""
         cfg, trainer, history = self.cfg, self.actors.trainer, progress.history
-        explain_starvation = functools.partial(
-            starvation_report,
-            self.counts,
-            self.actors.replay_buffer,
-            self.actors.scorer,
-            cfg.replay_buffer,
-            cfg.env,
-            self.actors.rollouts.env_failures,
-        )
+
+        async def explain_starvation() -> str:
+            report = await starvation_report(
+                self.counts,
+                self.actors.replay_buffer,
+                self.actors.scorer,
+                cfg.replay_buffer,
+                cfg.env,
+                self.actors.rollouts.env_failures,
+            )
+            due = self.bound.due_line()
+            return report if due is None else f"{report} {due}"
+
         display = ProgressDisplay(cfg.max_steps, desc="grpo", initial=progress.step)
         if progress.step == 0 and cfg.eval.every:
             accuracy = await self._evaluate(0)

@@ -75,7 +75,8 @@ AGE1 = ["replay_buffer.max_policy_age=1", "rollout.threads=2"]
 AGE2 = ["replay_buffer.max_policy_age=2", "rollout.threads=3"]
 # Four threads, one a replica of 4 running whole rollouts. max_policy_age 3 lets exactly 4 be made
 # ahead, no slack: a replica whose rollout ends waits for a train step (bench/RESULTS.md, twentieth
-# session); `replay_buffer.max_policy_age=4` after it gives the slack of a fifth.
+# session); `replay_buffer.max_policy_age=4` after it gives the slack of a fifth slot, which its
+# four loops leave empty (a loop starts its next rollout at once; age4-drain runs a fifth in it).
 AGE3 = ["replay_buffer.max_policy_age=3", "rollout.threads=4"]
 # Five: with 1,024-token responses a replica's decode steps are host work whatever its batch
 # (bench/RESULTS.md, eleventh session), so more sequences in flight are the lever left.

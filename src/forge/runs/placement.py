@@ -195,7 +195,8 @@ def idle_replicas_line(cfg: GRPOConfig, on_gpu: bool) -> str | None:
       it may start its next (`forge.staleness`: the slot frees when a step has trained, and the
       rollout then needs the version just published). One rollout of slack lets it start at once.
       (The 4-GPU rows of bench/RESULTS.md's twentieth session, issue 28, ran so: max_policy_age 3
-      over 4 replicas of whole rollouts.) Not named: on-policy runs (max_policy_age
+      over 4 replicas of whole rollouts. At the `trl` preset the slack gained nothing there, the
+      twenty-first session: the replicas idled as much.) Not named: on-policy runs (max_policy_age
       0), which wait so by design, and where generation and training take turns on one device
       anyway: on CPU, and one replica beside the trainer (provisioner.colocate) on a GPU."""
     rollout, buffer, replicas = cfg.rollout, cfg.replay_buffer, cfg.generator.replicas

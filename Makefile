@@ -26,11 +26,17 @@ grpo-gpu: install
 sft: install
 	$(PY) -m apps.sft.main --config configs/sft/tiny_cpu.yaml $(ARGS)
 
+# Two pytest-xdist workers: one app test's actor processes leave a core idle while they wait
+# (deadlines, restarts, start-up), which the other worker's tests then use. A test module runs
+# whole on one worker: its module-scoped runs are made once, and the processes they leave are
+# gone before another module's test counts this process's children.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+
 test: install
-	$(PY) -m pytest -q $(ARGS)
+	$(PYTEST) $(ARGS)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PYTEST) -m "not slow" $(ARGS)
 
 lint: install
 	$(PY) -m ruff check src apps tests bench examples

@@ -5,6 +5,7 @@ import os
 import sys
 
 import pytest
+from processes import note_test_start
 
 # Monarch reads these at import: keep child processes quiet and single-threaded so that
 # several meshes fit on a 2-core machine.
@@ -48,6 +49,7 @@ def pytest_runtest_setup(item):
     memory is the same as without the freezes)."""
     gc.collect()
     _freeze()
+    note_test_start()
 
 
 def pytest_sessionfinish(session, exitstatus):

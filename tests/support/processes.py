@@ -10,14 +10,27 @@ from pathlib import Path
 
 import psutil
 
+# This process's descendants when the running test began (`note_test_start`): helpers that live
+# as long as the process (torch.compile's worker pool, multiprocessing's resource tracker) and,
+# under pytest-xdist, what another module's fixtures hold. None of them is a test's leftover.
+_before_test: set[int] = set()
+
+
+def note_test_start() -> None:
+    _before_test.clear()
+    _before_test.update(c.pid for c in psutil.Process().children(recursive=True))
+
 
 def children_left(timeout: float) -> list[psutil.Process]:
-    """This process's live descendants, once none are left or after `timeout` seconds (actor
-    processes take a moment to exit after their mesh is stopped)."""
+    """The live descendants this process made since the running test began, once none are left
+    or after `timeout` seconds (actor processes take a moment to exit after their mesh is
+    stopped)."""
     deadline = time.time() + timeout
     while True:
         children = [
-            c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE
+            c
+            for c in psutil.Process().children(recursive=True)
+            if c.pid not in _before_test and c.status() != psutil.STATUS_ZOMBIE
         ]
         if not children or time.time() > deadline:
             return children

@@ -69,9 +69,10 @@ def run_killing_after_checkpoint(
     try:
         deadline = time.time() + 600
         while not (run_dir / "checkpoints" / f"step_{step:08d}" / "run_state.pt").exists():
-            assert app.poll() is None and time.time() < deadline, (
-                f"the run ended before its step-{step} checkpoint"
-            )
+            if app.poll() is not None or time.time() > deadline:
+                app.kill()
+                output = app.communicate()[0]
+                raise AssertionError(f"the run ended before its step-{step} checkpoint:\n{output[-4000:]}")
             time.sleep(0.1)
         [process] = actor_processes(app.pid, actor)
         process.send_signal(signal.SIGKILL)

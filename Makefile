@@ -29,13 +29,11 @@ sft: install
 # One pytest process: two pytest-xdist workers (ARGS="-n 2 --dist loadfile", each module whole
 # on a worker) took the suite from about 21 to 14 minutes on the 2-core machine, but one of the
 # two such runs lost the killed-trainer restart test (its app ended before its checkpoint).
-PYTEST := $(PY) -m pytest -q
-
 test: install
-	$(PYTEST) $(ARGS)
+	$(PY) -m pytest -q $(ARGS)
 
 test-fast: install
-	$(PYTEST) -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 lint: install
 	$(PY) -m ruff check src apps tests bench examples

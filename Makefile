@@ -27,8 +27,8 @@ sft: install
 	$(PY) -m apps.sft.main --config configs/sft/tiny_cpu.yaml $(ARGS)
 
 # One pytest process: two pytest-xdist workers (ARGS="-n 2 --dist loadfile", each module whole
-# on a worker) took the suite from about 21 to 14 minutes on the 2-core machine, but one of the
-# two such runs lost the killed-trainer restart test (its app ended before its checkpoint).
+# on a worker) took the suite from about 22 to 14-16 minutes on the 2-core machine, but one of
+# five such runs lost the killed-trainer restart test (its app ended before its checkpoint).
 test: install
 	$(PY) -m pytest -q $(ARGS)
 

@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+import psutil
+
 # What each kind of actor's process imports before its first call: its actor module and the
 # engine its setup loads (the CPU demo's: the TorchTitan trainer, the transformers generator).
 ACTOR_IMPORTS = {
@@ -39,79 +40,45 @@ ACTOR_IMPORTS = {
 }
 
 
-def process_table() -> dict[int, tuple[int, float]]:
-    """Every process on the machine: pid -> (parent pid, CPU seconds so far)."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
-    return table
-
-
-def descendants(table: dict[int, tuple[int, float]], root: int) -> set[int]:
-    found, grew = {root}, True
-    while grew:
-        grew = False
-        for pid, (parent, _) in table.items():
-            if parent in found and pid not in found:
-                found.add(pid)
-                grew = True
-    return found
-
-
-def process_name(pid: int) -> str:
+def process_name(process: psutil.Process) -> str:
     """An actor's process by its mesh (Monarch's HYPERACTOR_PROCESS_NAME); a process an actor
     started (a reward worker, a tracker) by its mesh and command; the app by its module."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return "?"
-    mesh = next(
-        (
-            item.split(b"=", 1)[1].decode().split(" @ ")[0]
-            for item in environ
-            if item.startswith(b"HYPERACTOR_PROCESS_NAME=")
-        ),
-        None,
-    )
+    command = process.cmdline()
+    mesh = process.environ().get("HYPERACTOR_PROCESS_NAME", "").split(" @ ")[0]
     if mesh and "monarch._src.actor.bootstrap_main" in command:
         return mesh
     if "apps.grpo.main" in command:
         return "the app (controller)"
-    program = " ".join(part.rsplit("/", 1)[-1] for part in command.split()[:4])
-    return f"{mesh}: {program}" if mesh else program or "?"
+    program = " ".join(part.rsplit("/", 1)[-1] for part in command[:4])
+    return f"{mesh}: {program}" if mesh else program
 
 
 def run_app(config: str, steps: int) -> tuple[list[tuple[str, int, float, float]], float]:
     """The app's processes as (name, pid, CPU s, seconds alive), and the run's wall seconds."""
-    output_dir = Path(tempfile.mkdtemp(prefix="actor_startup_"))
-    argv = [sys.executable, "-m", "apps.grpo.main", "--config", config, f"max_steps={steps}"]
     seen: dict[int, list] = {}  # pid -> [name, CPU s, first seen, last seen]
-    start = time.monotonic()
-    with (output_dir / "app.log").open("w") as log:
-        app = subprocess.Popen([*argv, f"output_dir={output_dir}"], stdout=log, stderr=subprocess.STDOUT)
-        while app.poll() is None:
-            table = process_table()
-            now = time.monotonic() - start
-            for pid in descendants(table, app.pid) & table.keys():
-                record = seen.setdefault(pid, ["?", 0.0, now, now])
-                # Read again while it runs: a process seen between its fork and its exec
-                # still shows its parent's command.
-                record[0] = process_name(pid) if record[0] == "?" or now - record[2] < 2 else record[0]
-                record[1], record[3] = table[pid][1], now
-            time.sleep(0.1)
-    wall = time.monotonic() - start
-    if app.returncode != 0:
-        tail = (output_dir / "app.log").read_text()[-3000:]
-        raise SystemExit(f"the app failed (exit {app.returncode}):\n{tail}")
-    rows = [(name, pid, cpu, last - first) for pid, (name, cpu, first, last) in seen.items() if name != "?"]
+    with tempfile.TemporaryDirectory(prefix="actor_startup_") as output_dir:
+        log_path = Path(output_dir) / "app.log"
+        argv = [sys.executable, "-m", "apps.grpo.main", "--config", config, f"max_steps={steps}"]
+        start = time.monotonic()
+        with log_path.open("w") as log:
+            app = subprocess.Popen([*argv, f"output_dir={output_dir}"], stdout=log, stderr=subprocess.STDOUT)
+            root = psutil.Process(app.pid)
+            while app.poll() is None:
+                now = time.monotonic() - start
+                for process in [root, *root.children(recursive=True)]:
+                    try:
+                        # Named again at every sample: one seen between its fork and its exec
+                        # still shows its parent's command.
+                        name, cpu = process_name(process), sum(process.cpu_times()[:2])
+                    except psutil.Error:
+                        continue  # ended since the listing
+                    record = seen.setdefault(process.pid, [name, cpu, now, now])
+                    record[0], record[1], record[3] = name, cpu, now
+                time.sleep(0.1)
+        wall = time.monotonic() - start
+        if app.returncode != 0:
+            raise SystemExit(f"the app failed (exit {app.returncode}):\n{log_path.read_text()[-3000:]}")
+    rows = [(name, pid, cpu, last - first) for pid, (name, cpu, first, last) in seen.items()]
     return sorted(rows, key=lambda row: -row[2]), wall
 
 
